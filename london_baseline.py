@@ -1,0 +1,26 @@
+"""The London baseline: the dev accuracy of predicting "London" as everyone's birth place.
+
+    python london_baseline.py [birth_dev.tsv]
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / 'src'))
+import utils  # noqa: E402
+
+
+def london_baseline(eval_corpus_path='birth_dev.tsv'):
+    """(total, correct) when every prediction is "London"."""
+    lines = utils.read_text(eval_corpus_path).rstrip('\n').split('\n')
+    return utils.evaluate_places(eval_corpus_path, ['London'] * len(lines))
+
+
+if __name__ == '__main__':
+    path = sys.argv[1] if len(sys.argv) > 1 else 'birth_dev.tsv'
+    try:
+        total, correct = london_baseline(path)
+    except utils.UserError as e:
+        sys.exit(f"error: {e}")
+    if total == 0:
+        sys.exit(f"error: {path} has no gold places to compare with")
+    print('Correct: {} out of {}: {}%'.format(correct, total, correct / total * 100))

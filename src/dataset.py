@@ -1,0 +1,122 @@
+"""The two datasets of the assignment, sharing one character vocabulary.
+
+CharCorruptionDataset turns each line of the pretraining corpus into a span-corruption
+example (handout part e); NameDataset turns each "question<TAB>place" line into a
+finetuning example whose loss covers only the answer. Run as a script to see examples:
+
+    python src/dataset.py namedata
+    python src/dataset.py charcorruption
+"""
+import argparse
+import random
+
+import torch
+from torch.utils.data import Dataset
+
+import utils
+
+PAD_CHAR = "\u25A1"   # id 0: never a target (the loss ignores id 0)
+MASK_CHAR = "\u2047"  # id 1: marks where the masked span was, and where an answer starts and ends
+
+
+class CharCorruptionDataset(Dataset):
+    """Span corruption over the lines of `data` (handout part e).
+
+    Example for the document "Khatchig Mouradian. Khatchig Mouradian is a journalist":
+        [prefix]    "Khatchig Mouradian. Khatchig Mour"
+        [masked]    "adian is a"
+        [suffix]    " journalist"
+    gives  prefix MASK suffix MASK masked PAD PAD ...  (block_size characters),
+    with x = that[:-1] and y = that[1:].
+    """
+
+    PAD_CHAR = PAD_CHAR
+    MASK_CHAR = MASK_CHAR
+
+    def __init__(self, data, block_size):
+        chars = sorted(set(data))
+        assert self.MASK_CHAR not in chars and self.PAD_CHAR not in chars
+        chars = [self.PAD_CHAR, self.MASK_CHAR] + chars
+        self.stoi = {ch: i for i, ch in enumerate(chars)}
+        self.itos = {i: ch for i, ch in enumerate(chars)}
+        print('data has %d characters, %d unique.' % (len(data), len(chars)))
+        self.block_size = block_size
+        self.vocab_size = len(chars)
+        self.data = data.split('\n')
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, idx):
+        document = self.data[idx]
+        # 1. Truncate to a length drawn uniformly from 4..block_size*7/8, so that every
+        #    length can occur and the rearranged string (2 MASKs longer) always fits.
+        truncated = document[:random.randint(4, int(self.block_size * 7 / 8))]
+        # 2. Mask a span whose length has mean exactly len/4: draw a real length uniformly
+        #    from [1, len/2 - 1] and round it up or down at random in proportion.
+        #    Short documents (under 4 characters) get a single masked character.
+        n = len(truncated)
+        span = random.uniform(1, max(1, n / 2 - 1))
+        masked_len = min(n, int(span + random.random()))
+        start = random.randint(0, n - masked_len)
+        prefix = truncated[:start]
+        masked = truncated[start:start + masked_len]
+        suffix = truncated[start + masked_len:]
+        # 3. Rearrange, then pad to block_size.
+        masked_string = prefix + self.MASK_CHAR + suffix + self.MASK_CHAR + masked
+        masked_string += self.PAD_CHAR * (self.block_size - len(masked_string))
+        # 4. Predict each next character.
+        return encode(masked_string[:-1], self.stoi), encode(masked_string[1:], self.stoi)
+
+
+class NameDataset(Dataset):
+    """Birth-place questions: x = question MASK place MASK PAD..., and y the same shifted
+    by one, with the targets inside the question replaced by PAD so that only
+    "MASK place MASK" is learned. Uses the pretraining dataset's vocabulary and block size."""
+
+    def __init__(self, pretraining_dataset, data):
+        self.MASK_CHAR = pretraining_dataset.MASK_CHAR
+        self.PAD_CHAR = pretraining_dataset.PAD_CHAR
+        self.itos = pretraining_dataset.itos
+        self.stoi = pretraining_dataset.stoi
+        self.block_size = pretraining_dataset.block_size
+        # As the original does: drop non-ASCII characters, and the empty string after the
+        # final newline.
+        self.data = data.encode('utf-8').decode('ascii', errors='ignore').split('\n')
+        if self.data and self.data[-1] == '':
+            self.data.pop()
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, idx):
+        question, place = self.data[idx].split('\t')
+        x = question + self.MASK_CHAR + place + self.MASK_CHAR
+        x = x + self.PAD_CHAR * (self.block_size - len(x))
+        y = self.PAD_CHAR * (len(question) - 1) + x[len(question):]
+        return encode(x[:-1], self.stoi), encode(y, self.stoi)
+
+
+def encode(text, stoi):
+    return torch.tensor([stoi[c] for c in text], dtype=torch.long)  # (len(text),)
+
+
+def decode(ids, itos):
+    return ''.join(itos[int(i)] for i in ids)
+
+
+if __name__ == '__main__':
+    argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    argp.add_argument('dataset_type', choices=['namedata', 'charcorruption'],
+                      help="Type of dataset to sample from.")
+    args = argp.parse_args()
+
+    corruption_dataset = CharCorruptionDataset(utils.read_text('wiki.txt'), 128)
+    if args.dataset_type == 'namedata':
+        dataset = NameDataset(corruption_dataset, utils.read_text('birth_places_train.tsv'))
+    else:
+        dataset = corruption_dataset
+    for idx in range(4):
+        x, y = dataset[idx]
+        print('x:', decode(x, dataset.itos))
+        print('y:', decode(y, dataset.itos))

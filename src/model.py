@@ -1,0 +1,110 @@
+"""GPT language model (minGPT): token + learned position embeddings, a stack of pre-LayerNorm
+Transformer blocks, and a linear head over the vocabulary.
+
+forward() is the plain model: logits for every position, and the loss if targets are
+given. packed_loss() is the same loss computed on only the positions that can affect it;
+the trainer uses it.
+"""
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+import attention
+
+
+class GPTConfig:
+    """Base GPT config, params common to all GPT versions. Keyword arguments set any other
+    attribute: n_layer, n_head, n_embd, and synthesizer=True for SynthesizerAttention."""
+    embd_pdrop = 0.1
+    resid_pdrop = 0.1
+    attn_pdrop = 0.1
+    synthesizer = False
+
+    def __init__(self, vocab_size, block_size, **kwargs):
+        self.vocab_size = vocab_size
+        self.block_size = block_size
+        for k, v in kwargs.items():
+            setattr(self, k, v)
+
+
+class Block(nn.Module):
+    """An unassuming Transformer block."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(config.n_embd)
+        self.ln2 = nn.LayerNorm(config.n_embd)
+        if config.synthesizer:
+            self.attn = attention.SynthesizerAttention(config)
+        else:
+            self.attn = attention.CausalSelfAttention(config)
+        self.mlp = nn.Sequential(
+            nn.Linear(config.n_embd, 4 * config.n_embd),
+            nn.GELU(),
+            nn.Linear(4 * config.n_embd, config.n_embd),
+            nn.Dropout(config.resid_pdrop),
+        )
+
+    def forward(self, x, packing=None, cache=None):
+        x = x + self.attn(self.ln1(x), packing, cache)
+        x = x + self.mlp(self.ln2(x))
+        return x
+
+
+class GPT(nn.Module):
+    """The full GPT language model, with a context size of block_size."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        self.pos_emb = nn.Parameter(torch.zeros(1, config.block_size, config.n_embd))
+        self.drop = nn.Dropout(config.embd_pdrop)
+        self.blocks = nn.Sequential(*[Block(config) for _ in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(config.n_embd)
+        self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.block_size = config.block_size
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            module.weight.data.normal_(mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                module.bias.data.zero_()
+        elif isinstance(module, nn.LayerNorm):
+            module.bias.data.zero_()
+            module.weight.data.fill_(1.0)
+
+    def get_block_size(self):
+        return self.block_size
+
+    def forward(self, idx, targets=None, cache=None):
+        """idx, targets: (B, T) token ids. Returns (logits (B, T, vocab), loss or None).
+        With cache (a list of one dict per block), idx continues the sequence cached so far."""
+        b, t = idx.size()
+        past = cache[0]['v'].size(2) if cache and 'v' in cache[0] else 0
+        assert past + t <= self.block_size, "Cannot forward, model block size is exhausted."
+        x = self.drop(self.tok_emb(idx) + self.pos_emb[:, past:past + t, :])  # (B, T, C)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cache=None if cache is None else cache[i])
+        logits = self.head(self.ln_f(x))  # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=0)
+        return logits, loss
+
+    def packed_loss(self, idx, targets):
+        """forward(idx, targets)[1], computed only where it can make a difference: the
+        positions after a row's last non-PAD target influence no counted target (attention
+        is causal and PAD targets are ignored), so each row is cut there (see Packing)."""
+        positions = torch.arange(1, idx.size(1) + 1, device=idx.device)  # (T,)
+        lengths = (positions * (targets != 0)).amax(dim=1)  # (B,) last target position + 1
+        T = int(lengths.max())
+        idx, targets = idx[:, :T], targets[:, :T]  # (B, T) trimmed to the longest row
+        packing = attention.Packing(lengths, T)
+        kept = packing.index % packing.T  # (N,) position of each kept row
+        x = self.tok_emb(packing.pack(idx)) + self.pos_emb[0, kept]  # (N, C)
+        x = self.drop(x)
+        for block in self.blocks:
+            x = block(x, packing)
+        logits = self.head(self.ln_f(x))  # (N, vocab)
+        return F.cross_entropy(logits, packing.pack(targets), ignore_index=0)

@@ -1,0 +1,343 @@
+"""The assignment's command line: pretrain, finetune or evaluate a GPT of either variant.
+
+    python src/run.py pretrain vanilla wiki.txt --writing_params_path vanilla.pretrain.params
+    python src/run.py finetune vanilla wiki.txt --reading_params_path vanilla.pretrain.params \\
+        --writing_params_path vanilla.finetune.params --finetune_corpus_path birth_places_train.tsv
+    python src/run.py evaluate vanilla wiki.txt --reading_params_path vanilla.finetune.params \\
+        --eval_corpus_path birth_dev.tsv --outputs_path vanilla.pretrain.dev.predictions
+
+The pretraining corpus is always given: the vocabulary comes from it. Bare file names are
+also looked for in data/. Each phase is a plain function of the parsed arguments, and
+everything that can be checked is checked before any training starts.
+"""
+import argparse
+import os
+import shlex
+import sys
+from typing import NamedTuple
+
+import torch
+
+import dataset
+import model
+import trainer
+import utils
+
+BLOCK_SIZE = 128
+MODEL_SIZE = dict(n_layer=4, n_head=8, n_embd=256)
+ANSWER_LENGTH = 32  # characters decoded after each question
+
+# The handout's hyperparameters; --max_epochs, --batch_size, --learning_rate override them.
+PHASE_SETTINGS = {
+    'pretrain': dict(max_epochs=650, batch_size=128, learning_rate=6e-3),
+    'finetune': dict(max_epochs=75, batch_size=256, learning_rate=6e-4),
+    'finetune from pretrained': dict(max_epochs=10, batch_size=256, learning_rate=6e-4),
+}
+
+
+def parse_args(argv=None):
+    argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    argp.add_argument('function', choices=["pretrain", "finetune", "evaluate"],
+                      help="Whether to pretrain, finetune or evaluate a model")
+    argp.add_argument('variant', choices=["vanilla", "synthesizer"],
+                      help="Which variant of the model to run ('vanilla' or 'synthesizer')")
+    argp.add_argument('pretrain_corpus_path',
+                      help="Path of the corpus to pretrain on (its characters are the vocabulary)")
+    argp.add_argument('--reading_params_path', help="If specified, path of the model to load before finetuning/evaluation")
+    argp.add_argument('--writing_params_path', help="Path to save the model after pretraining/finetuning")
+    argp.add_argument('--finetune_corpus_path', help="Path of the corpus to finetune on")
+    argp.add_argument('--eval_corpus_path', help="Path of the corpus to evaluate on")
+    argp.add_argument('--outputs_path', help="Path to write one prediction per line to")
+    quick = argp.add_argument_group('overrides (defaults: the handout\'s settings)')
+    quick.add_argument('--max_epochs', type=positive(int), help="epochs to train")
+    quick.add_argument('--batch_size', type=positive(int), help="examples per step")
+    quick.add_argument('--learning_rate', type=positive(float), help="peak learning rate")
+    quick.add_argument('--seed', type=int, default=0, help="seed of every random choice (default 0)")
+    quick.add_argument('--precision', choices=['auto', 'fp32', 'bf16'], default='auto',
+                       help="training arithmetic; auto: bf16 autocast where the hardware has native "
+                            "bf16 (CUDA, CPUs with avx512_bf16/amx), else fp32. Evaluation is always fp32.")
+    quick.add_argument('--resume', action='store_true',
+                       help="continue an interrupted pretrain/finetune from its saved state")
+    return argp.parse_args(argv)
+
+
+def positive(kind):
+    def parse(text):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+# --- The phases --------------------------------------------------------------------------
+
+def pretrain(args):
+    """Span-corruption pretraining on the corpus; writes --writing_params_path."""
+    pretrain_dataset = load_pretrain_dataset(args)
+    gpt = build_model(args, pretrain_dataset)
+    train(args, 'pretrain', gpt, pretrain_dataset, pretrain_dataset)
+
+
+def finetune(args):
+    """Birth-place finetuning, from scratch or from --reading_params_path."""
+    pretrain_dataset = load_pretrain_dataset(args)
+    gpt = build_model(args, pretrain_dataset)
+    phase = 'finetune'
+    if args.reading_params_path:
+        gpt.load_state_dict(load_params(args.reading_params_path))
+        phase = 'finetune from pretrained'
+    names = dataset.NameDataset(pretrain_dataset, utils.read_text(args.finetune_corpus_path))
+    train(args, phase, gpt, names, pretrain_dataset)
+
+
+def evaluate(args):
+    """Greedy answers to each question of --eval_corpus_path, written to --outputs_path;
+    prints the accuracy when the file has gold places. Returns (total, correct)."""
+    pretrain_dataset = load_pretrain_dataset(args)
+    gpt = build_model(args, pretrain_dataset)
+    gpt.load_state_dict(load_params(args.reading_params_path))
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    gpt.to(device)
+
+    lines = utils.read_text(args.eval_corpus_path).split('\n')
+    if lines[-1] == '':
+        lines.pop()
+    prompts = [encode_question(line.split('\t')[0], pretrain_dataset) for line in lines]
+    warn_about_questions(prompts, lines, args.eval_corpus_path)
+    mask_id = pretrain_dataset.stoi[pretrain_dataset.MASK_CHAR]
+    completions = utils.greedy_complete(gpt, [p.ids for p in prompts], ANSWER_LENGTH, mask_id)
+    # the prediction is what comes between the question's MASK and the next one
+    predictions = [dataset.decode(ids, pretrain_dataset.itos).split(pretrain_dataset.MASK_CHAR)[0]
+                   for ids in completions]
+    utils.atomic_write(args.outputs_path,
+                       lambda f: f.write(''.join(p + '\n' for p in predictions).encode('utf-8')))
+
+    total, correct = utils.evaluate_places(args.eval_corpus_path, predictions)
+    if total > 0:
+        print('Correct: {} out of {}: {}%'.format(correct, total, correct / total * 100))
+    else:
+        print('Predictions written to {}; no targets provided'.format(args.outputs_path))
+    return total, correct
+
+
+# --- Shared pieces -----------------------------------------------------------------------
+
+def load_pretrain_dataset(args):
+    return dataset.CharCorruptionDataset(utils.read_text(args.pretrain_corpus_path), BLOCK_SIZE)
+
+
+def build_model(args, pretrain_dataset):
+    utils.set_seed(args.seed)
+    config = model.GPTConfig(pretrain_dataset.vocab_size, pretrain_dataset.block_size,
+                             synthesizer=args.variant == 'synthesizer', **MODEL_SIZE)
+    return model.GPT(config)
+
+
+def load_params(path):
+    return torch.load(path, map_location='cpu', weights_only=True)
+
+
+def train(args, phase, gpt, train_dataset, pretrain_dataset):
+    settings = dict(PHASE_SETTINGS[phase])
+    for name in settings:
+        if getattr(args, name) is not None:
+            settings[name] = getattr(args, name)
+    path = args.writing_params_path
+    config = trainer.TrainerConfig(
+        **settings, lr_decay=True, warmup_tokens=512 * 20,
+        final_tokens=200 * len(pretrain_dataset) * BLOCK_SIZE,
+        precision=training_precision(args.precision),
+        resume_path=path + '.resume', resume=args.resume, metrics_path=path + '.metrics.csv')
+    if not args.resume and os.path.exists(config.resume_path):
+        print(f"note: starting afresh; {config.resume_path} (an interrupted run's state) will be "
+              f"replaced. Add --resume to continue that run instead.")
+    print(f"{phase}: {settings['max_epochs']} epochs, batch {settings['batch_size']}, "
+          f"lr {settings['learning_rate']:g}, {config.precision}, "
+          f"{sum(p.numel() for p in gpt.parameters()):,} parameters")
+    run = trainer.Trainer(gpt, train_dataset, None, config)
+    run.train()
+    utils.atomic_save(trainer.cpu_state_dict(gpt), path)
+    tokens_per_s = run.steps_run * config.batch_size * (BLOCK_SIZE - 1) / max(run.elapsed, 1e-9)
+    print(f"{phase} done: {run.steps_run} steps in {format_seconds(run.elapsed)} "
+          f"({tokens_per_s:,.0f} tokens/s), final loss {run.final_loss:.4f}; params written to {path}")
+
+
+def training_precision(choice):
+    if choice != 'auto':
+        return choice
+    if torch.cuda.is_available():
+        return 'bf16' if torch.cuda.is_bf16_supported() else 'fp32'
+    return 'bf16' if cpu_has_native_bf16() else 'fp32'
+
+
+def cpu_has_native_bf16():
+    try:
+        with open('/proc/cpuinfo', encoding='utf-8') as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return ' avx512_bf16' in flags or ' amx_bf16' in flags
+
+
+def format_seconds(seconds):
+    minutes, seconds = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
+
+
+class Question(NamedTuple):
+    ids: torch.Tensor  # question + MASK, encoded
+    unknown: int  # characters dropped for being outside the vocabulary
+    cut: bool  # whether the question was shortened to fit the context
+
+
+def encode_question(question, pretrain_dataset):
+    """question + MASK as ids. Characters outside the vocabulary are dropped, and a question
+    too long to leave room for the answer keeps only its end (as the original's context
+    cropping would)."""
+    stoi = pretrain_dataset.stoi
+    known = [c for c in question if c in stoi]
+    room = pretrain_dataset.block_size - 1 - ANSWER_LENGTH - 1  # the synthesizer has block_size-1 positions
+    ids = [stoi[c] for c in known[-room:]] + [stoi[pretrain_dataset.MASK_CHAR]]
+    return Question(torch.tensor(ids, dtype=torch.long), len(question) - len(known), len(known) > room)
+
+
+def warn_about_questions(prompts, lines, path):
+    unknown = sum(1 for p in prompts if p.unknown)
+    if unknown:
+        print(f"warning: {path}: {unknown} question(s) contain characters outside the vocabulary; "
+              f"those characters were dropped", file=sys.stderr)
+    cut = sum(1 for p in prompts if p.cut)
+    if cut:
+        print(f"warning: {path}: {cut} question(s) are too long for the context; only their "
+              f"last {BLOCK_SIZE - ANSWER_LENGTH - 2} characters were used",
+              file=sys.stderr)
+
+
+# --- Checks before any work --------------------------------------------------------------
+
+def check_args(args):
+    """Everything that can be checked before training starts; raises UserError."""
+    needs = {
+        'pretrain': ['writing_params_path'],
+        'finetune': ['writing_params_path', 'finetune_corpus_path'],
+        'evaluate': ['reading_params_path', 'eval_corpus_path', 'outputs_path'],
+    }[args.function]
+    for name in needs:
+        if not getattr(args, name):
+            raise utils.UserError(f"{args.function} needs --{name}")
+    if args.resume and args.function == 'evaluate':
+        raise utils.UserError("--resume applies to pretrain and finetune only")
+    corpus = utils.read_text(args.pretrain_corpus_path)
+    for reserved in (dataset.PAD_CHAR, dataset.MASK_CHAR):
+        if reserved in corpus:
+            line = corpus[:corpus.index(reserved)].count('\n') + 1
+            raise utils.UserError(f"{args.pretrain_corpus_path}, line {line}: contains {reserved!r}, "
+                                  f"which the vocabulary reserves for PAD/MASK")
+    vocab = set(corpus)
+    if args.function == 'finetune':
+        check_tsv(args.finetune_corpus_path, vocab, gold=True)
+    if args.function == 'evaluate':
+        check_tsv(args.eval_corpus_path, vocab, gold=None)
+    if args.reading_params_path:
+        check_params(args.reading_params_path, args.variant, len(vocab) + 2, args.pretrain_corpus_path)
+    output = 'outputs_path' if args.function == 'evaluate' else 'writing_params_path'
+    check_writable(getattr(args, output), output)
+    if args.resume and not os.path.exists(args.writing_params_path + '.resume'):
+        raise utils.UserError(f"--resume: no saved state at {args.writing_params_path}.resume "
+                              f"(it is written when a run is interrupted)")
+
+
+def check_tsv(path, vocab, gold):
+    """Lines of "question<TAB>place" (gold=True), or questions alone or all with places
+    (gold=None, for evaluation). Training examples must fit the block and the vocabulary."""
+    lines = utils.read_text(path).split('\n')
+    if lines[-1] == '':
+        lines.pop()
+    found = utils.find_data_file(path)
+    expected_tabs = None
+    for number, line in enumerate(lines, 1):
+        where = f"{found}, line {number}"
+        tabs = line.count('\t')
+        if gold and tabs != 1:
+            raise utils.UserError(f"{where}: expected 'question<TAB>place' (exactly one tab), found {tabs} tabs")
+        if gold is None:
+            expected_tabs = tabs if expected_tabs is None else expected_tabs
+            if tabs > 1 or tabs != expected_tabs:
+                raise utils.UserError(f"{where}: expected {'question<TAB>place' if expected_tabs else 'a question alone'} "
+                                      f"like line 1, found {tabs} tabs")
+        if not line.split('\t')[0].strip():
+            raise utils.UserError(f"{where}: empty question")
+        if gold:
+            ascii_line = line.encode('ascii', errors='ignore').decode('ascii')  # what NameDataset keeps
+            missing = sorted(set(ascii_line) - vocab - {'\t'})
+            if missing:
+                raise utils.UserError(f"{where}: character {missing[0]!r} does not occur in the pretraining corpus")
+            if len(ascii_line) - 1 + 2 > BLOCK_SIZE:
+                raise utils.UserError(f"{where}: question and place are {len(ascii_line) - 1} characters; "
+                                      f"at most {BLOCK_SIZE - 2} fit in the block")
+
+
+def check_params(path, variant, vocab_size, corpus_path):
+    """The params must be a state_dict of this variant at this size and vocabulary."""
+    try:
+        state = torch.load(path, map_location='cpu', weights_only=False)
+    except FileNotFoundError:
+        raise utils.UserError(f"--reading_params_path {path}: no such file")
+    except Exception as e:
+        raise utils.UserError(f"--reading_params_path {path}: not a .params file ({type(e).__name__})")
+    if isinstance(state, dict) and 'optimizer' in state and 'model' in state:
+        raise utils.UserError(f"--reading_params_path {path}: this is an interrupted run's resumable "
+                              f"state; continue that run with --resume")
+    if not isinstance(state, dict) or 'tok_emb.weight' not in state:
+        raise utils.UserError(f"--reading_params_path {path}: not a GPT state_dict")
+    found = 'synthesizer' if 'blocks.0.attn.w1.weight' in state else 'vanilla'
+    if found != variant:
+        raise utils.UserError(f"--reading_params_path {path}: holds a {found} model, but the variant "
+                              f"is {variant}")
+    params_vocab, n_embd = state['tok_emb.weight'].shape
+    if params_vocab != vocab_size:
+        raise utils.UserError(f"--reading_params_path {path}: made for a vocabulary of {params_vocab} "
+                              f"symbols, but {corpus_path} gives {vocab_size}")
+    expected = model.GPT(model.GPTConfig(vocab_size, BLOCK_SIZE, synthesizer=variant == 'synthesizer',
+                                         **MODEL_SIZE)).state_dict()
+    wrong = [k for k in expected if k not in state or state[k].shape != expected[k].shape]
+    wrong += [k for k in state if k not in expected]
+    if wrong:
+        raise utils.UserError(f"--reading_params_path {path}: does not fit a {variant} model with "
+                              f"{MODEL_SIZE} and block size {BLOCK_SIZE} (first mismatch: {wrong[0]})")
+
+
+def check_writable(path, flag):
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise utils.UserError(f"--{flag} {path}: is a directory")
+    if not os.path.isdir(directory):
+        raise utils.UserError(f"--{flag} {path}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK):
+        raise utils.UserError(f"--{flag} {path}: directory {directory} is not writable")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    phases = {'pretrain': pretrain, 'finetune': finetune, 'evaluate': evaluate}
+    try:
+        check_args(args)
+        phases[args.function](args)
+    except utils.UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except trainer.TrainingInterrupted as e:
+        command = ['python', 'src/run.py'] + argv + ([] if args.resume else ['--resume'])
+        print(f"\n{e}. To continue: {shlex.join(command)}", file=sys.stderr)
+        sys.exit(130)
+    except trainer.NonFiniteLoss as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(3)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,308 @@
+"""The training loop: AdamW, gradient clipping, and the original's token-counted learning
+rate schedule (linear warm-up, then cosine decay to 10%).
+
+It computes what the original minGPT trainer computes (same batches, in the same order,
+same schedule), faster: batches are built in this process (span corruption is cheap, and
+it keeps runs reproducible and resumable) and the loss skips positions that cannot
+affect it (GPT.packed_loss). Long runs can keep a resumable state: Ctrl-C or SIGTERM
+saves it and stops; `resume=True` continues exactly where the run stopped.
+"""
+import csv
+import math
+import os
+import random
+import signal
+import threading
+import time
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+import utils
+
+
+class TrainerConfig:
+    # optimization parameters
+    max_epochs = 10
+    batch_size = 64
+    learning_rate = 3e-4
+    betas = (0.9, 0.95)
+    grad_norm_clip = 1.0
+    weight_decay = 0.1  # applied to every parameter whose name lacks "bias", as in the original
+    # learning rate decay params: linear warmup followed by cosine decay to 10% of original
+    lr_decay = False
+    warmup_tokens = 375e6  # these two numbers count every target position, PAD included
+    final_tokens = 260e9
+    # checkpoint settings
+    ckpt_path = None  # the model's state_dict is saved here after every epoch
+    num_workers = 0  # accepted for compatibility: batches are always built in this process
+    # additions, all off by default
+    precision = 'fp32'  # 'bf16': autocast the forward pass to bfloat16
+    resume_path = None  # keep a resumable state here: on Ctrl-C/SIGTERM and every minute
+    resume = False  # continue from the state in resume_path
+    metrics_path = None  # a CSV row per step: epoch, step, loss, lr, tokens, seconds
+    save_every_s = 60  # how often (at an epoch's end) the resumable state is refreshed
+    log_every = 10  # steps between progress updates; each one waits for the device
+
+    def __init__(self, **kwargs):
+        for k, v in kwargs.items():
+            setattr(self, k, v)
+
+
+# What must match between an interrupted run and the run that resumes it.
+RESUME_KEYS = ('max_epochs', 'batch_size', 'learning_rate', 'betas', 'grad_norm_clip',
+               'weight_decay', 'lr_decay', 'warmup_tokens', 'final_tokens', 'precision')
+
+
+class TrainingInterrupted(Exception):
+    """Ctrl-C or SIGTERM stopped training after its resumable state was saved."""
+
+
+class NonFiniteLoss(Exception):
+    """The loss became inf or nan; nothing was saved after the last good state."""
+
+
+class Trainer:
+
+    def __init__(self, model, train_dataset, test_dataset, config):
+        self.model = model
+        self.train_dataset = train_dataset
+        self.test_dataset = test_dataset
+        self.config = config
+        self.device = 'cuda' if torch.cuda.is_available() else 'cpu'
+        self.model = self.model.to(self.device)
+        self.tokens = 0  # counter used for learning rate decay
+
+    def save_checkpoint(self):
+        if self.config.ckpt_path is not None:
+            utils.atomic_save(cpu_state_dict(self.model), self.config.ckpt_path)
+
+    def lr_at(self, tokens):
+        config = self.config
+        if not config.lr_decay:
+            return config.learning_rate
+        if tokens < config.warmup_tokens:
+            # linear warmup
+            lr_mult = float(tokens) / float(max(1, config.warmup_tokens))
+        else:
+            # cosine learning rate decay; as in the original, past final_tokens it rises again
+            progress = float(tokens - config.warmup_tokens) / float(
+                max(1, config.final_tokens - config.warmup_tokens))
+            lr_mult = max(0.1, 0.5 * (1.0 + math.cos(math.pi * progress)))
+        return config.learning_rate * lr_mult
+
+    def make_optimizer(self):
+        config = self.config
+        named = list(self.model.named_parameters())
+        # The original also lists "LayerNorm.weight", which no name here contains
+        # (they are ln1/ln2/ln_f), so LayerNorm weights do decay, as they did there.
+        decay = [p for n, p in named if 'bias' not in n]
+        no_decay = [p for n, p in named if 'bias' in n]
+        groups = [{"params": decay, "weight_decay": config.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=config.learning_rate, betas=config.betas,
+                                 fused=self.device == 'cuda')
+
+    def batch(self, dataset, step):
+        """Batch number `step` of an epoch: the original loader's order (no shuffling)."""
+        bs = self.config.batch_size
+        examples = [dataset[i] for i in range(step * bs, min((step + 1) * bs, len(dataset)))]
+        x = torch.stack([x for x, _ in examples])  # (b, T)
+        y = torch.stack([y for _, y in examples])  # (b, T)
+        if self.device == 'cuda':
+            return x.pin_memory().to('cuda', non_blocking=True), y.pin_memory().to('cuda', non_blocking=True)
+        return x, y
+
+    def autocast(self):
+        return torch.autocast(self.device, dtype=torch.bfloat16,
+                              enabled=self.config.precision == 'bf16')
+
+    def train(self):
+        model, config = self.model, self.config
+        optimizer = self.make_optimizer()
+        steps_per_epoch = math.ceil(len(self.train_dataset) / config.batch_size)
+        start_epoch, start_step = 0, 0
+        self.tokens, self.elapsed = 0, 0.0
+        if config.resume:
+            start_epoch, start_step = self.load_resume_state(optimizer)
+        log = MetricsLog(config.metrics_path, append=config.resume)
+        total_steps = config.max_epochs * steps_per_epoch
+        done = start_epoch * steps_per_epoch + start_step
+        pbar = tqdm(total=total_steps, initial=done, unit='step', dynamic_ncols=True,
+                    smoothing=0.05, disable=total_steps == 0)
+        self.stop_signal = None
+        handlers = self.catch_stop_signals() if config.resume_path else {}
+        start_time, first_done, last_save = time.time() - self.elapsed, done, time.time()
+        try:
+            for epoch in range(start_epoch, config.max_epochs):
+                model.train()
+                for it in range(start_step, steps_per_epoch):
+                    x, y = self.batch(self.train_dataset, it)
+                    with self.autocast():
+                        loss = model.packed_loss(x, y)
+                    model.zero_grad(set_to_none=True)
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_norm_clip)
+                    optimizer.step()
+                    # As in the original: the schedule moves after the step, counting every
+                    # target position (PADs too), and the new rate applies from the next step.
+                    self.tokens += y.numel()
+                    lr = self.lr_at(self.tokens)
+                    for param_group in optimizer.param_groups:
+                        param_group['lr'] = lr
+                    done += 1
+                    log.add(epoch, done, loss.detach(), lr, self.tokens)
+                    if done % config.log_every == 0 or it == steps_per_epoch - 1:
+                        self.elapsed = time.time() - start_time
+                        last_loss = log.flush(self.elapsed)
+                        pbar.set_description(f"epoch {epoch+1} iter {it}: train loss {last_loss:.5f}. lr {lr:e}")
+                        pbar.set_postfix_str(f"{self.tokens_per_s(done - first_done, y.size(1)):,.0f} tok/s")
+                        pbar.update(done - pbar.n)
+                    if self.stop_signal is not None:
+                        self.elapsed = time.time() - start_time
+                        self.stop(epoch, it + 1, optimizer, log)
+                start_step = 0
+                if self.test_dataset is not None:
+                    self.test_loss()
+                self.elapsed = time.time() - start_time
+                log.flush(self.elapsed)
+                self.save_checkpoint()
+                if config.resume_path and time.time() - last_save >= config.save_every_s:
+                    self.save_resume_state(epoch + 1, 0, optimizer)
+                    last_save = time.time()
+        except NonFiniteLoss as e:
+            kept = (f"the last good state is kept in {config.resume_path}" if config.resume_path
+                    and os.path.exists(config.resume_path) else "no state was saved after it")
+            raise NonFiniteLoss(f"{e}; stopped, {kept}; a lower learning rate may help") from None
+        finally:
+            pbar.close()
+            log.close()
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+        self.elapsed = time.time() - start_time
+        self.steps_run = done - first_done
+        self.final_loss = log.last_loss
+        if config.resume_path and os.path.exists(config.resume_path):
+            os.remove(config.resume_path)  # finished: nothing left to resume
+
+    def tokens_per_s(self, steps, T):
+        """Target positions per second, counted like the schedule (batch x T per step)."""
+        run_time = max(self.elapsed - getattr(self, 'resumed_elapsed', 0.0), 1e-9)
+        return steps * self.config.batch_size * T / run_time
+
+    @torch.no_grad()
+    def test_loss(self):
+        self.model.eval()
+        losses = []
+        for it in range(math.ceil(len(self.test_dataset) / self.config.batch_size)):
+            x, y = self.batch(self.test_dataset, it)
+            with self.autocast():
+                losses.append(self.model.packed_loss(x, y).item())
+        print("test loss: %f" % np.mean(losses))
+        self.model.train()
+
+    # --- Interruption and resumption -----------------------------------------------------
+
+    def catch_stop_signals(self):
+        """Ctrl-C and SIGTERM (a preempted VM) ask the loop to stop after the current step;
+        a second Ctrl-C stops at once."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def ask_to_stop(signum, frame):
+            if self.stop_signal is not None:
+                raise KeyboardInterrupt
+            self.stop_signal = signum
+
+        return {s: signal.signal(s, ask_to_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def stop(self, epoch, step, optimizer, log):
+        log.flush(self.elapsed)
+        self.save_resume_state(epoch, step, optimizer)
+        raise TrainingInterrupted(
+            f"interrupted at epoch {epoch + 1}, step {step}; state saved to {self.config.resume_path}")
+
+    def save_resume_state(self, epoch, step, optimizer):
+        config = self.config
+        state = {
+            'model': cpu_state_dict(self.model),
+            'optimizer': optimizer.state_dict(),
+            'epoch': epoch, 'step': step, 'tokens': self.tokens, 'elapsed': self.elapsed,
+            'config': {k: getattr(config, k) for k in RESUME_KEYS},
+            'dataset_len': len(self.train_dataset),
+            'python_rng': random.getstate(),
+            'numpy_rng': np.random.get_state(),
+            'torch_rng': torch.get_rng_state(),
+            'cuda_rng': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
+        utils.atomic_save(state, config.resume_path)
+
+    def load_resume_state(self, optimizer):
+        config = self.config
+        try:
+            state = torch.load(config.resume_path, map_location='cpu', weights_only=False)
+        except FileNotFoundError:
+            raise utils.UserError(f"--resume: no saved state at {config.resume_path}")
+        except Exception as e:
+            raise utils.UserError(f"--resume: {config.resume_path} is not a resumable state ({e})")
+        differ = [k for k in RESUME_KEYS if state['config'][k] != getattr(config, k)]
+        if state['dataset_len'] != len(self.train_dataset):
+            differ.append('dataset')
+        if differ:
+            raise utils.UserError(f"--resume: {config.resume_path} was saved by a run with other "
+                                  f"settings ({', '.join(differ)}); run the same command again")
+        self.model.load_state_dict(state['model'])
+        optimizer.load_state_dict(state['optimizer'])
+        self.tokens, self.elapsed = state['tokens'], state['elapsed']
+        self.resumed_elapsed = self.elapsed
+        random.setstate(state['python_rng'])
+        np.random.set_state(state['numpy_rng'])
+        torch.set_rng_state(state['torch_rng'])
+        if state['cuda_rng'] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state['cuda_rng'])
+        print(f"resuming from {config.resume_path}: epoch {state['epoch'] + 1}, step {state['step']}")
+        return state['epoch'], state['step']
+
+
+class MetricsLog:
+    """Per-step metrics, kept on the device and written (one host sync) every few steps.
+    Refuses a non-finite loss, so nothing is saved after it."""
+
+    FIELDS = ['epoch', 'step', 'loss', 'lr', 'tokens', 'seconds']
+
+    def __init__(self, path, append):
+        self.rows, self.last_loss = [], float('nan')
+        self.file = self.writer = None
+        if path:
+            new = not (append and os.path.exists(path))
+            self.file = open(path, 'w' if new else 'a', newline='', encoding='utf-8')
+            self.writer = csv.writer(self.file)
+            if new:
+                self.writer.writerow(self.FIELDS)
+
+    def add(self, epoch, step, loss, lr, tokens):
+        self.rows.append((epoch + 1, step, loss, lr, tokens))
+
+    def flush(self, seconds):
+        if not self.rows:
+            return self.last_loss
+        losses = torch.stack([r[2] for r in self.rows]).float().tolist()
+        for (epoch, step, _, lr, tokens), loss in zip(self.rows, losses):
+            if not math.isfinite(loss):
+                raise NonFiniteLoss(f"the loss became {loss} at epoch {epoch}, step {step}")
+            if self.writer:
+                self.writer.writerow([epoch, step, f'{loss:.6f}', f'{lr:.6e}', tokens, f'{seconds:.1f}'])
+        if self.file:
+            self.file.flush()
+        self.rows, self.last_loss = [], losses[-1]
+        return self.last_loss
+
+    def close(self):
+        if self.file:
+            self.file.close()
+
+
+def cpu_state_dict(model):
+    """The model's state_dict with CPU tensors, so .params files load on any machine."""
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}

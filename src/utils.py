@@ -1,0 +1,174 @@
+"""Helpers shared by the scripts: seeding, reading input files, saving files safely,
+greedy decoding (the plain reference and the fast batched one) and scoring."""
+import os
+import random
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+DATA_DIR = Path(__file__).resolve().parent.parent / 'data'
+
+
+class UserError(Exception):
+    """A problem with the command line or an input file: reported as one line, no traceback."""
+
+
+def set_seed(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
+
+
+# --- Files -------------------------------------------------------------------------------
+
+def find_data_file(path):
+    """`path` itself if it exists, else data/`path` for a bare file name, so that the
+    handout's commands (`... wiki.txt ...`) work from the repo root."""
+    if not os.path.exists(path) and os.path.dirname(path) == '' and (DATA_DIR / path).exists():
+        return str(DATA_DIR / path)
+    return path
+
+
+def read_text(path):
+    """The whole file as text, checked: exists, readable, non-empty, valid UTF-8."""
+    found = find_data_file(path)
+    try:
+        with open(found, 'rb') as f:
+            raw = f.read()
+    except FileNotFoundError:
+        hint = f' (nor in {DATA_DIR}/; see data/README.md)' if os.path.dirname(path) == '' else ''
+        raise UserError(f'{path}: no such file{hint}')
+    except OSError as e:
+        raise UserError(f'{path}: cannot read: {e.strerror}')
+    if not raw.strip():
+        raise UserError(f'{found}: file is empty')
+    try:
+        return raw.decode('utf-8')
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b'\n') + 1
+        raise UserError(f'{found}, line {line}: not valid UTF-8 (byte {raw[e.start]:#x})')
+
+
+def atomic_write(path, write):
+    """Call write(file_object) on a temporary file beside `path`, then rename it over
+    `path`: an interrupted save never leaves a truncated file behind."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def atomic_save(obj, path):
+    atomic_write(path, lambda f: torch.save(obj, f))
+
+
+# --- Decoding ----------------------------------------------------------------------------
+
+def top_k_logits(logits, k):
+    v, ix = torch.topk(logits, k)
+    out = logits.clone()
+    out[out < v[:, [-1]]] = -float('Inf')
+    return out
+
+
+@torch.no_grad()
+def sample(model, x, steps, temperature=1.0, sample=False, top_k=None):
+    """The original minGPT sampler: take a conditioning sequence of indices x (of shape
+    (b, t)) and predict the next index `steps` times, feeding each prediction back in and
+    re-running the whole (cropped) context every time. Plain and slow; the reference
+    that greedy_complete must match."""
+    block_size = model.get_block_size()
+    model.eval()
+    for k in range(steps):
+        x_cond = x if x.size(1) <= block_size else x[:, -block_size:]  # crop context if needed
+        logits, _ = model(x_cond)
+        logits = logits[:, -1, :] / temperature  # (b, vocab)
+        if top_k is not None:
+            logits = top_k_logits(logits, top_k)
+        probs = F.softmax(logits, dim=-1)
+        if sample:
+            ix = torch.multinomial(probs, num_samples=1)
+        else:
+            _, ix = torch.topk(probs, k=1, dim=-1)
+        x = torch.cat((x, ix), dim=1)
+    return x
+
+
+@torch.no_grad()
+def greedy_complete(model, prompts, steps, stop_id, batch_size=512):
+    """Greedy completions of many prompts at once, equal to sample(model, p, steps) for
+    each prompt p but up to the first `stop_id` generated (what follows it is never read).
+
+    Prompts of the same length share a batch, so positions line up without padding; each
+    step feeds only the newest character and reuses the cached keys/values of the rest.
+    Every prompt plus `steps` must fit in the model's block size. Returns one list of
+    generated ids per prompt, ending with stop_id if it was produced."""
+    model.eval()
+    device = next(model.parameters()).device
+    completions = [None] * len(prompts)
+    by_length = {}
+    for i, p in enumerate(prompts):
+        assert len(p) + steps <= model.get_block_size(), 'prompt too long to complete'
+        by_length.setdefault(len(p), []).append(i)
+    for indices in by_length.values():
+        for start in range(0, len(indices), batch_size):
+            batch = indices[start:start + batch_size]
+            x = torch.stack([torch.as_tensor(prompts[i]) for i in batch]).to(device)  # (b, t)
+            generated = _greedy_batch(model, x, steps, stop_id)
+            for i, ids in zip(batch, generated):
+                completions[i] = ids
+    return completions
+
+
+def _greedy_batch(model, x, steps, stop_id):
+    cache = [{} for _ in model.blocks]
+    generated = torch.empty(x.size(0), 0, dtype=torch.long, device=x.device)  # (b, 0)
+    done = torch.zeros(x.size(0), dtype=torch.bool, device=x.device)  # (b,)
+    new = x
+    for _ in range(steps):
+        logits, _ = model(new, cache=cache)
+        # softmax + topk exactly as sample() does, so near-ties break the same way
+        _, new = torch.topk(F.softmax(logits[:, -1, :], dim=-1), k=1, dim=-1)  # (b, 1)
+        generated = torch.cat((generated, new), dim=1)
+        done |= new[:, 0] == stop_id
+        if done.all():
+            break
+    result = []
+    for row in generated.tolist():
+        result.append(row[:row.index(stop_id) + 1] if stop_id in row else row)
+    return result
+
+
+# --- Scoring -----------------------------------------------------------------------------
+
+def evaluate_places(filepath, predicted_places):
+    """ Computes percent of correctly predicted birth places.
+
+    Arguments:
+      filepath: path to a file with our name, birth place data.
+      predicted_places: a list of strings representing the
+          predicted birth place of each person.
+
+    Returns: (total, correct), floats
+    """
+    with open(find_data_file(filepath), encoding='utf-8') as fin:
+        lines = [x.strip().split('\t') for x in fin]
+        if len(lines[0]) == 1:
+            print('No gold birth places provided; returning (0,0)')
+            return (0, 0)
+        true_places = [x[1] for x in lines]
+        total = len(true_places)
+        assert total == len(predicted_places)
+        correct = len(list(filter(lambda x: x[0] == x[1], zip(true_places, predicted_places))))
+        return (float(total), float(correct))

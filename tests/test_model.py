@@ -1,0 +1,215 @@
+"""The model against the handout's equations, computed independently here, and the fast
+paths (packed loss, key/value cache, batched greedy decoding) against the plain ones."""
+import math
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import attention
+import model
+import utils
+
+BLOCK = 128
+
+
+def make_gpt(synthesizer, vocab=256, seed=0, **sizes):
+    torch.manual_seed(seed)
+    sizes = sizes or dict(n_layer=4, n_head=8, n_embd=256)
+    return model.GPT(model.GPTConfig(vocab, BLOCK, synthesizer=synthesizer, **sizes))
+
+
+def test_parameter_counts():
+    count = lambda m: sum(p.numel() for p in m.parameters())
+    assert count(make_gpt(False)) == 3_323_392
+    # the synthesizer swaps key+query (2 x (256*256+256)) for w1 (256*256+256), w2 (32x127), b2 (127)
+    assert count(make_gpt(True)) == 3_323_392 - 4 * (256 * 256 + 256 - 32 * 127 - 127)
+
+
+def original_keys(synthesizer, n_layer=4):
+    """The state_dict keys of the original starter code."""
+    keys = ['pos_emb', 'tok_emb.weight']
+    attn = ['w1.weight', 'w1.bias', 'w2', 'b2', 'value.weight', 'value.bias'] if synthesizer else \
+        ['key.weight', 'key.bias', 'query.weight', 'query.bias', 'value.weight', 'value.bias']
+    for i in range(n_layer):
+        b = f'blocks.{i}.'
+        keys += [b + k for k in ['ln1.weight', 'ln1.bias', 'ln2.weight', 'ln2.bias']]
+        keys += [b + 'attn.' + k for k in attn + ['proj.weight', 'proj.bias', 'mask']]
+        keys += [b + 'mlp.' + k for k in ['0.weight', '0.bias', '2.weight', '2.bias']]
+    return set(keys + ['ln_f.weight', 'ln_f.bias', 'head.weight'])
+
+
+@pytest.mark.parametrize('synthesizer', [False, True])
+def test_state_dict_matches_original(synthesizer):
+    state = make_gpt(synthesizer).state_dict()
+    assert set(state) == original_keys(synthesizer)
+    assert state['pos_emb'].shape == (1, BLOCK, 256)
+    assert state['blocks.0.attn.mask'].shape == (1, 1, BLOCK, BLOCK)
+    if synthesizer:
+        assert state['blocks.0.attn.w2'].shape == (256 // 8, BLOCK - 1)
+        assert state['blocks.0.attn.b2'].shape == (BLOCK - 1,)
+        assert state['blocks.0.attn.w2'].abs().max() <= 0.001
+
+
+def test_initialisation():
+    gpt = make_gpt(False)
+    assert torch.all(gpt.pos_emb == 0)
+    assert abs(gpt.head.weight.std().item() - 0.02) < 0.002
+    assert torch.all(gpt.blocks[0].mlp[0].bias == 0)
+    assert torch.all(gpt.ln_f.weight == 1) and torch.all(gpt.ln_f.bias == 0)
+    assert model.GPTConfig(10, 8).attn_pdrop == 0.1 and model.GPTConfig(10, 8, n_layer=3).n_layer == 3
+
+
+def vanilla_reference(att, x):
+    """Handout eq. 9-10, per head, written out."""
+    B, T, C = x.shape
+    h = att.n_head
+    hs = C // h
+    heads = []
+    for i in range(h):
+        cols = slice(i * hs, (i + 1) * hs)
+        Q = x @ att.query.weight[cols].T + att.query.bias[cols]
+        K = x @ att.key.weight[cols].T + att.key.bias[cols]
+        V = x @ att.value.weight[cols].T + att.value.bias[cols]
+        scores = Q @ K.transpose(1, 2) / math.sqrt(hs)
+        scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf'))
+        heads.append(torch.softmax(scores, dim=-1) @ V)
+    return torch.cat(heads, dim=-1) @ att.proj.weight.T + att.proj.bias
+
+
+def synthesizer_reference(att, x):
+    """Handout eq. 11 per head: softmax(ReLU(X A_i + b1) B + b2) (X V_i), causally masked."""
+    B, T, C = x.shape
+    h = att.n_head
+    hs = C // h
+    heads = []
+    for i in range(h):
+        cols = slice(i * hs, (i + 1) * hs)
+        hidden = torch.relu(x @ att.w1.weight[cols].T + att.w1.bias[cols])  # (B, T, hs)
+        scores = hidden @ att.w2[:, :T] + att.b2[:T]  # (B, T, T)
+        scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf'))
+        V = x @ att.value.weight[cols].T + att.value.bias[cols]
+        heads.append(torch.softmax(scores, dim=-1) @ V)
+    return torch.cat(heads, dim=-1) @ att.proj.weight.T + att.proj.bias
+
+
+@pytest.mark.parametrize('synthesizer', [False, True])
+def test_attention_matches_handout_equations_at_every_length(synthesizer):
+    config = model.GPTConfig(50, BLOCK, n_layer=1, n_head=4, n_embd=32, synthesizer=synthesizer)
+    torch.manual_seed(0)
+    att = attention.SynthesizerAttention(config) if synthesizer else attention.CausalSelfAttention(config)
+    if synthesizer:
+        torch.nn.init.normal_(att.w2)  # big enough that scores really differ by position
+        torch.nn.init.normal_(att.b2)
+    att.eval()
+    reference = synthesizer_reference if synthesizer else vanilla_reference
+    x = torch.randn(3, BLOCK - 1, 32)
+    with torch.no_grad():
+        for T in range(1, BLOCK):
+            torch.testing.assert_close(att(x[:, :T]), reference(att, x[:, :T]), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize('synthesizer', [False, True])
+def test_causal(synthesizer):
+    gpt = make_gpt(synthesizer, vocab=30, n_layer=2, n_head=2, n_embd=16).eval()
+    idx = torch.randint(0, 30, (2, 40))
+    changed = idx.clone()
+    changed[:, 25:] = (changed[:, 25:] + 1) % 30
+    with torch.no_grad():
+        a, _ = gpt(idx)
+        b, _ = gpt(changed)
+    torch.testing.assert_close(a[:, :25], b[:, :25])
+    assert not torch.allclose(a[:, 25:], b[:, 25:])
+
+
+def test_loss_ignores_pad_targets():
+    gpt = make_gpt(False, vocab=30, n_layer=1, n_head=2, n_embd=16).eval()
+    idx = torch.randint(1, 30, (2, 10))
+    targets = torch.randint(1, 30, (2, 10))
+    targets[:, 6:] = 0
+    logits, loss = gpt(idx, targets)
+    expected = F.cross_entropy(logits[:, :6].reshape(-1, 30), targets[:, :6].reshape(-1))
+    torch.testing.assert_close(loss, expected)
+
+
+def ragged_batch(vocab, B=6, T=BLOCK - 1, leading_pad=False, seed=0):
+    """Rows of different lengths padded with 0, like both datasets make."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(2, vocab, (B, T), generator=g)
+    targets = torch.randint(2, vocab, (B, T), generator=g)
+    for b, n in enumerate(torch.randint(3, T, (B,), generator=g).tolist()):
+        idx[b, n:] = 0
+        targets[b, n - 1:] = 0
+        if leading_pad:
+            targets[b, :n // 3] = 0  # NameDataset: no targets inside the question
+    return idx, targets
+
+
+@pytest.mark.parametrize('synthesizer', [False, True])
+@pytest.mark.parametrize('leading_pad', [False, True])
+def test_packed_loss_equals_plain_loss_and_gradients(synthesizer, leading_pad):
+    gpt = make_gpt(synthesizer, vocab=40, n_layer=2, n_head=4, n_embd=32).eval()
+    idx, targets = ragged_batch(40, leading_pad=leading_pad)
+    _, plain = gpt(idx, targets)
+    plain.backward()
+    plain_grads = {n: p.grad.clone() for n, p in gpt.named_parameters()}
+    gpt.zero_grad()
+    packed = gpt.packed_loss(idx, targets)
+    packed.backward()
+    torch.testing.assert_close(packed, plain, atol=1e-6, rtol=1e-5)
+    for n, p in gpt.named_parameters():
+        torch.testing.assert_close(p.grad, plain_grads[n], atol=1e-6, rtol=1e-4, msg=n)
+
+
+def test_packed_loss_at_assignment_size_every_length():
+    """fp32 eval: same loss as forward() for every row length up to 127."""
+    for synthesizer in (False, True):
+        gpt = make_gpt(synthesizer).eval()
+        idx = torch.randint(2, 256, (BLOCK - 1, BLOCK - 1))
+        targets = torch.randint(2, 256, (BLOCK - 1, BLOCK - 1))
+        for b in range(BLOCK - 1):  # row b has b+1 targets
+            targets[b, b + 1:] = 0
+            idx[b, b + 1:] = 0
+        with torch.no_grad():
+            for rows in (slice(0, 1), slice(60, 61), slice(126, 127), slice(0, 127)):
+                _, plain = gpt(idx[rows], targets[rows])
+                torch.testing.assert_close(gpt.packed_loss(idx[rows], targets[rows]), plain,
+                                           atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_autocast_loss_is_close():
+    gpt = make_gpt(False, vocab=40, n_layer=2, n_head=4, n_embd=32).eval()
+    idx, targets = ragged_batch(40)
+    with torch.no_grad():
+        _, plain = gpt(idx, targets)
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            fast = gpt.packed_loss(idx, targets)
+    assert fast.dtype == torch.float32
+    assert abs(fast.item() - plain.item()) < 0.02 * plain.item()
+
+
+@pytest.mark.parametrize('synthesizer', [False, True])
+def test_cached_forward_equals_full_forward(synthesizer):
+    gpt = make_gpt(synthesizer, vocab=40, n_layer=2, n_head=4, n_embd=32).eval()
+    idx = torch.randint(0, 40, (3, 60))
+    with torch.no_grad():
+        full, _ = gpt(idx)
+        cache = [{} for _ in gpt.blocks]
+        steps = [gpt(idx[:, :20], cache=cache)[0]]
+        for t in range(20, 60):
+            steps.append(gpt(idx[:, t:t + 1], cache=cache)[0])
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize('synthesizer', [False, True])
+def test_greedy_complete_equals_plain_sampling(synthesizer):
+    gpt = make_gpt(synthesizer, vocab=12, n_layer=2, n_head=4, n_embd=32, seed=3).eval()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(2, 12, (n,), generator=g) for n in [5, 9, 5, 17, 9, 9, 30, 1]]
+    stop = 1
+    completions = utils.greedy_complete(gpt, prompts, 32, stop, batch_size=2)
+    for p, got in zip(prompts, completions):
+        plain = utils.sample(gpt, p[None], 32)[0, len(p):].tolist()
+        expected = plain[:plain.index(stop) + 1] if stop in plain else plain
+        assert got == expected
+    assert any(stop in c for c in completions) or all(len(c) == 32 for c in completions)

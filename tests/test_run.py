@@ -1,0 +1,337 @@
+"""The command line end to end, as a student runs it, on a tiny corpus; bad input; the
+scripts around it (london_baseline.py, collect_submission.sh, dataset.py's views)."""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+
+import pytest
+import torch
+
+import run
+from conftest import ROOT
+
+PYTHON = sys.executable
+CORRECT_LINE = re.compile(r'^Correct: (\d+\.0) out of (\d+\.0): ([\d.e-]+)%$', re.M)
+
+
+def cli(*args, cwd, check=True, env=None):
+    """python src/run.py ARGS from `cwd`, as a student runs it."""
+    result = subprocess.run([PYTHON, str(ROOT / 'src' / 'run.py'), *map(str, args)], cwd=cwd,
+                            capture_output=True, text=True, env=env)
+    if check:
+        assert result.returncode == 0, result.stderr
+    assert 'Traceback' not in result.stderr
+    return result
+
+
+def main(*args, cwd):
+    """run.main in this process (faster); returns the exit code, 0 when it returned."""
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        run.main([str(a) for a in args])
+        return 0
+    except SystemExit as e:
+        return e.code
+    finally:
+        os.chdir(old)
+
+
+@pytest.mark.parametrize('variant', ['vanilla', 'synthesizer'])
+def test_pipeline_end_to_end(tiny, variant):
+    quick = ['--max_epochs', 1]
+    cli('pretrain', variant, 'wiki.txt', '--writing_params_path', f'{variant}.pretrain.params', *quick, cwd=tiny)
+    out = cli('finetune', variant, 'wiki.txt', '--reading_params_path', f'{variant}.pretrain.params',
+              '--writing_params_path', f'{variant}.finetune.params', '--finetune_corpus_path', 'train.tsv',
+              *quick, cwd=tiny).stdout
+    assert 'finetune from pretrained: 1 epochs, batch 256, lr 0.0006' in out
+    state = torch.load(tiny / f'{variant}.finetune.params', weights_only=True)
+    assert isinstance(state, dict) and ('blocks.0.attn.w2' in state) == (variant == 'synthesizer')
+
+    out = cli('evaluate', variant, 'wiki.txt', '--reading_params_path', f'{variant}.finetune.params',
+              '--eval_corpus_path', 'dev.tsv', '--outputs_path', 'dev.predictions', cwd=tiny).stdout
+    correct, total, percent = CORRECT_LINE.search(out).groups()
+    assert float(total) == 4.0 and float(percent) == float(correct) / float(total) * 100
+    predictions = (tiny / 'dev.predictions').read_text(encoding='utf-8').split('\n')
+    assert len(predictions) == 5 and predictions[-1] == ''
+
+    out = cli('evaluate', variant, 'wiki.txt', '--reading_params_path', f'{variant}.finetune.params',
+              '--eval_corpus_path', 'test.tsv', '--outputs_path', 'test.predictions', cwd=tiny).stdout
+    assert 'No gold birth places provided; returning (0,0)' in out
+    assert 'Predictions written to test.predictions; no targets provided' in out
+    assert len((tiny / 'test.predictions').read_text(encoding='utf-8').splitlines()) == 4
+
+
+def test_finetune_without_pretraining_and_defaults(tiny):
+    out = cli('finetune', 'vanilla', 'wiki.txt', '--writing_params_path', 'v.params',
+              '--finetune_corpus_path', 'train.tsv', '--max_epochs', 1, cwd=tiny).stdout
+    assert 'finetune: 1 epochs, batch 256, lr 0.0006' in out
+    assert re.search(r'finetune done: 1 steps in .*final loss [\d.]+; params written to v.params', out)
+    assert (tiny / 'v.params.metrics.csv').read_text().count('\n') == 2
+    # the handout's settings are the defaults
+    assert run.PHASE_SETTINGS == {
+        'pretrain': dict(max_epochs=650, batch_size=128, learning_rate=6e-3),
+        'finetune': dict(max_epochs=75, batch_size=256, learning_rate=6e-4),
+        'finetune from pretrained': dict(max_epochs=10, batch_size=256, learning_rate=6e-4)}
+
+
+def test_same_seed_same_params_other_seed_other_params(tiny):
+    def params(seed, name):
+        assert main('pretrain', 'synthesizer', 'wiki.txt', '--writing_params_path', name,
+                    '--max_epochs', 2, '--batch_size', 16, '--seed', seed, cwd=tiny) == 0
+        return torch.load(tiny / name, weights_only=True)
+    a, b, c = params(7, 'a.params'), params(7, 'b.params'), params(8, 'c.params')
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a['head.weight'], c['head.weight'])
+
+
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_cli_run_resumes_to_identical_params(tiny, signum):
+    args = ['pretrain', 'vanilla', 'wiki.txt', '--max_epochs', 12, '--batch_size', 8, '--precision', 'fp32']
+    cli(*args, '--writing_params_path', 'straight.params', cwd=tiny)
+
+    process = subprocess.Popen([PYTHON, str(ROOT / 'src' / 'run.py'), *map(str, args),
+                                '--writing_params_path', 'resumed.params'],
+                               cwd=tiny, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tiny / 'resumed.params.metrics.csv'
+    deadline = time.time() + 60
+    while not (metrics.exists() and metrics.read_text().count('\n') >= 3) and time.time() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130 and 'Traceback' not in err
+    assert re.search(r'interrupted at epoch \d+, step \d+; state saved to resumed.params.resume. '
+                     r'To continue: python src/run.py pretrain .* --resume$', err.strip())
+    assert not (tiny / 'resumed.params').exists() and (tiny / 'resumed.params.resume').exists()
+
+    out = cli(*args, '--writing_params_path', 'resumed.params', '--resume', cwd=tiny).stdout
+    assert 'resuming from resumed.params.resume' in out
+    straight = torch.load(tiny / 'straight.params', weights_only=True)
+    resumed = torch.load(tiny / 'resumed.params', weights_only=True)
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    assert not (tiny / 'resumed.params.resume').exists()
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_state(tiny, monkeypatch, capsys):
+    import model
+    real = model.GPT.packed_loss
+    calls = {'n': 0}
+
+    def exploding(self, x, y):
+        calls['n'] += 1
+        loss = real(self, x, y)
+        return loss * float('nan') if calls['n'] > 12 else loss
+
+    monkeypatch.setattr(model.GPT, 'packed_loss', exploding)
+    monkeypatch.setattr(run.trainer.TrainerConfig, 'save_every_s', 0)
+    code = main('pretrain', 'vanilla', 'wiki.txt', '--writing_params_path', 'p.params',
+                '--max_epochs', 5, '--batch_size', 4, cwd=tiny)
+    err = capsys.readouterr().err
+    assert code == 3
+    assert re.search(r'error: the loss became nan at epoch 2, step 13; stopped, the last good state '
+                     r'is kept in p.params.resume', err)
+    assert not (tiny / 'p.params').exists()
+    state = torch.load(tiny / 'p.params.resume', weights_only=False)
+    assert state['epoch'] == 1 and state['step'] == 0
+    assert all(torch.isfinite(v).all() for v in state['model'].values())
+
+
+def write(path, text, encoding='utf-8'):
+    path.write_bytes(text.encode(encoding) if isinstance(text, str) else text)
+    return path.name
+
+
+BAD_INPUT = [
+    # (what, argv after the phase+variant, files to write, expected message)
+    ('missing corpus', ['nope.txt', '--writing_params_path', 'x.params'], {},
+     r'^error: nope.txt: no such file'),
+    ('empty corpus', ['empty.txt', '--writing_params_path', 'x.params'], {'empty.txt': '\n'},
+     r'^error: empty.txt: file is empty$'),
+    ('not UTF-8', ['latin.txt', '--writing_params_path', 'x.params'], {'latin.txt': b'ok\nbad \xe9\n'},
+     r'^error: latin.txt, line 2: not valid UTF-8'),
+    ('reserved char', ['mask.txt', '--writing_params_path', 'x.params'], {'mask.txt': 'a\nb\u2047\n'},
+     r'^error: mask.txt, line 2: contains'),
+    ('no writing path', ['wiki.txt'], {}, r'^error: pretrain needs --writing_params_path$'),
+    ('output dir missing', ['wiki.txt', '--writing_params_path', 'no/such/dir/x.params'], {},
+     r'^error: --writing_params_path no/such/dir/x.params: directory .* does not exist$'),
+    ('resume without state', ['wiki.txt', '--writing_params_path', 'x.params', '--resume'], {},
+     r'^error: --resume: no saved state at x.params.resume'),
+]
+FINETUNE_BAD = [
+    ('no corpus flag', ['wiki.txt', '--writing_params_path', 'x.params'], {},
+     r'^error: finetune needs --finetune_corpus_path$'),
+    ('line without tab', ['wiki.txt', '--writing_params_path', 'x.params', '--finetune_corpus_path', 'f.tsv'],
+     {'f.tsv': 'Where was Ada born?\tLondon\nWhere was Max born? Oslo\n'},
+     r'^error: .*f.tsv, line 2: expected .question<TAB>place. \(exactly one tab\), found 0 tabs$'),
+    ('two tabs', ['wiki.txt', '--writing_params_path', 'x.params', '--finetune_corpus_path', 'f.tsv'],
+     {'f.tsv': 'Where was Ada born?\tLondon\tUK\n'}, r'^error: .*f.tsv, line 1: .*found 2 tabs$'),
+    ('char outside vocabulary', ['wiki.txt', '--writing_params_path', 'x.params', '--finetune_corpus_path', 'f.tsv'],
+     {'f.tsv': 'Where was Ada born?\tLondon\nWhere was Zed born?\tQuito\n'},
+     r"^error: .*f.tsv, line 2: character 'Q' does not occur in the pretraining corpus$"),
+    ('too long', ['wiki.txt', '--writing_params_path', 'x.params', '--finetune_corpus_path', 'f.tsv'],
+     {'f.tsv': 'Where was Ada born?\t' + 'London ' * 20 + '\n'}, r'^error: .*f.tsv, line 1: .* fit in the block$'),
+]
+EVALUATE_BAD = [
+    ('no outputs flag', ['wiki.txt', '--reading_params_path', 'v.params', '--eval_corpus_path', 'dev.tsv'], {},
+     r'^error: evaluate needs --outputs_path$'),
+    ('mixed eval file', ['wiki.txt', '--reading_params_path', 'v.params', '--eval_corpus_path', 'e.tsv',
+                         '--outputs_path', 'o'], {'e.tsv': 'Where was Ada born?\tLondon\nWhere was Max born?\n'},
+     r'^error: .*e.tsv, line 2: expected question<TAB>place like line 1, found 0 tabs$'),
+    ('params missing', ['wiki.txt', '--reading_params_path', 'gone.params', '--eval_corpus_path', 'dev.tsv',
+                        '--outputs_path', 'o'], {}, r'^error: --reading_params_path gone.params: no such file$'),
+    ('garbage params', ['wiki.txt', '--reading_params_path', 'junk.params', '--eval_corpus_path', 'dev.tsv',
+                        '--outputs_path', 'o'], {'junk.params': 'not a checkpoint'},
+     r'^error: --reading_params_path junk.params: not a .params file'),
+    ('synthesizer params to vanilla', ['wiki.txt', '--reading_params_path', 's.params', '--eval_corpus_path',
+                                       'dev.tsv', '--outputs_path', 'o'], {},
+     r'^error: --reading_params_path s.params: holds a synthesizer model, but the variant is vanilla$'),
+    ('other vocabulary', ['other.txt', '--reading_params_path', 'v.params', '--eval_corpus_path', 'dev.tsv',
+                          '--outputs_path', 'o'], {'other.txt': 'abc Where was born?\n'},
+     r'^error: --reading_params_path v.params: made for a vocabulary of \d+ symbols, but other.txt gives 16$'),
+]
+
+
+@pytest.fixture
+def params(tiny):
+    """v.params and s.params: untrained models of each variant for the tiny corpus."""
+    import dataset
+    import model
+    ds = dataset.CharCorruptionDataset((tiny / 'wiki.txt').read_text(encoding='utf-8'), 128)
+    for name, synthesizer in (('v.params', False), ('s.params', True)):
+        torch.manual_seed(0)
+        gpt = model.GPT(model.GPTConfig(ds.vocab_size, 128, synthesizer=synthesizer, **run.MODEL_SIZE))
+        torch.save(gpt.state_dict(), tiny / name)
+    return tiny
+
+
+@pytest.mark.parametrize('function, case', [('pretrain', c) for c in BAD_INPUT] +
+                         [('finetune', c) for c in FINETUNE_BAD] + [('evaluate', c) for c in EVALUATE_BAD],
+                         ids=lambda c: c[0] if isinstance(c, tuple) else c)
+def test_bad_input_is_one_clear_line(params, capsys, function, case):
+    _, argv, files, message = case
+    for name, content in files.items():
+        write(params / name, content)
+    code = main(function, 'vanilla', *argv, cwd=params)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert re.search(message, err.strip()), err
+    assert not (params / 'x.params').exists()
+
+
+def test_bad_input_from_the_shell_has_no_traceback(tiny):
+    result = cli('evaluate', 'vanilla', 'wiki.txt', '--reading_params_path', 'x', '--eval_corpus_path',
+                 'dev.tsv', cwd=tiny, check=False)
+    assert result.returncode == 2 and result.stderr == 'error: evaluate needs --outputs_path\n'
+    result = cli('pretrain', 'vanilla', 'wiki.txt', '--writing_params_path', 'x', '--max_epochs', '0',
+                 cwd=tiny, check=False)
+    assert result.returncode == 2 and 'argument --max_epochs: must be positive, not 0' in result.stderr
+
+
+def test_evaluate_handles_unknown_characters_and_long_questions(params, capsys):
+    long_question = 'Where was ' + 'Ada ' * 40 + 'born?'
+    write(params / 'odd.tsv', f'Where was \u00c5da born?\tLondon\n{long_question}\tParis\nWhere was Max born?\tRome\n')
+    assert main('evaluate', 'vanilla', 'wiki.txt', '--reading_params_path', 'v.params',
+                '--eval_corpus_path', 'odd.tsv', '--outputs_path', 'odd.out', cwd=params) == 0
+    captured = capsys.readouterr()
+    assert '1 question(s) contain characters outside the vocabulary' in captured.err
+    assert '1 question(s) are too long for the context' in captured.err
+    assert 'Correct: ' in captured.out and 'out of 3.0' in captured.out
+    assert len((params / 'odd.out').read_text(encoding='utf-8').split('\n')) == 4
+
+
+def test_evaluate_predictions_equal_plain_greedy_decoding(params):
+    """The batched, cached decoding against the original loop: one question at a time,
+    re-running the prefix for every character, prediction = text between the MASKs."""
+    import dataset
+    import model
+    import utils
+    ds = dataset.CharCorruptionDataset((params / 'wiki.txt').read_text(encoding='utf-8'), 128)
+    # a model trained for a few steps, so that it does produce MASKs
+    assert main('finetune', 'vanilla', 'wiki.txt', '--writing_params_path', 'f.params',
+                '--finetune_corpus_path', 'train.tsv', '--max_epochs', 30, '--batch_size', 4,
+                '--learning_rate', 3e-3, cwd=params) == 0
+    assert main('evaluate', 'vanilla', 'wiki.txt', '--reading_params_path', 'f.params',
+                '--eval_corpus_path', 'train.tsv', '--outputs_path', 'fast.out', cwd=params) == 0
+    gpt = model.GPT(model.GPTConfig(ds.vocab_size, 128, **run.MODEL_SIZE))
+    gpt.load_state_dict(torch.load(params / 'f.params', weights_only=True))
+    expected = []
+    for line in (params / 'train.tsv').read_text(encoding='utf-8').splitlines():
+        x = line.split('\t')[0] + '\u2047'
+        x = torch.tensor([ds.stoi[s] for s in x], dtype=torch.long)[None, ...]
+        pred = utils.sample(gpt, x, 32, sample=False)[0]
+        completion = ''.join([ds.itos[int(i)] for i in pred])
+        expected.append(completion.split('\u2047')[1])
+    assert (params / 'fast.out').read_text(encoding='utf-8').splitlines() == expected
+    assert sum(p != '' for p in expected) >= 6  # the model does answer
+
+
+def test_handout_commands_find_bare_names_in_data(real_data, tmp_path):
+    out = cli('finetune', 'vanilla', 'wiki.txt', '--writing_params_path', tmp_path / 'v.params',
+              '--finetune_corpus_path', 'birth_places_train.tsv', '--max_epochs', 1, cwd=ROOT).stdout
+    assert 'data has 418352 characters, 256 unique.' in out
+    out = cli('evaluate', 'vanilla', 'wiki.txt', '--reading_params_path', tmp_path / 'v.params',
+              '--eval_corpus_path', 'birth_dev.tsv', '--outputs_path', tmp_path / 'dev.predictions',
+              cwd=ROOT).stdout
+    assert CORRECT_LINE.search(out).group(2) == '500.0'
+    assert len((tmp_path / 'dev.predictions').read_text(encoding='utf-8').splitlines()) == 500
+
+
+def test_london_baseline(real_data):
+    result = subprocess.run([PYTHON, 'london_baseline.py'], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0
+    assert result.stdout == 'Correct: 25.0 out of 500.0: 5.0%\n'
+
+
+def test_london_baseline_counts_londons(tiny):
+    sys.path.insert(0, str(ROOT))
+    from london_baseline import london_baseline
+    expected = sum(line.endswith('\tLondon') for line in (tiny / 'dev.tsv').read_text().splitlines())
+    assert london_baseline(str(tiny / 'dev.tsv')) == (4.0, float(expected))
+
+
+def test_dataset_views(real_data):
+    for view, marker in (('namedata', 'Where was'), ('charcorruption', '\u2047')):
+        result = subprocess.run([PYTHON, 'src/dataset.py', view], cwd=ROOT, capture_output=True,
+                                text=True, encoding='utf-8')
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert sum(l.startswith('x: ') for l in lines) == 4 and sum(l.startswith('y: ') for l in lines) == 4
+        assert all(marker in l for l in lines if l.startswith('x: '))
+
+
+NINE = ['vanilla.model.params', 'vanilla.nopretrain.dev.predictions', 'vanilla.nopretrain.test.predictions',
+        'vanilla.finetune.params', 'vanilla.pretrain.dev.predictions', 'vanilla.pretrain.test.predictions',
+        'synthesizer.finetune.params', 'synthesizer.pretrain.dev.predictions',
+        'synthesizer.pretrain.test.predictions']
+
+
+def test_collect_submission(tmp_path):
+    shutil.copytree(ROOT / 'src', tmp_path / 'src', ignore=shutil.ignore_patterns('__pycache__'))
+    shutil.copy(ROOT / 'collect_submission.sh', tmp_path)
+    for name in NINE[:-1]:
+        (tmp_path / name).write_text('x')
+    result = subprocess.run(['bash', 'collect_submission.sh'], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert 'synthesizer.pretrain.test.predictions is missing' in result.stderr
+    assert not (tmp_path / 'assignment5.zip').exists()
+
+    (tmp_path / NINE[-1]).write_text('x')
+    result = subprocess.run(['bash', 'collect_submission.sh'], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    names = set(zipfile.ZipFile(tmp_path / 'assignment5.zip').namelist())
+    assert set(NINE) <= names
+    assert {'src/run.py', 'src/model.py', 'src/attention.py', 'src/dataset.py', 'src/trainer.py',
+            'src/utils.py'} <= names
+
+
+def test_environment_yml_agrees_with_requirements():
+    requirements = (ROOT / 'requirements.txt').read_text().split()
+    pip_section = (ROOT / 'environment.yml').read_text().split('- pip:')[1]
+    assert re.findall(r'^\s+- (\S+)$', pip_section, re.M) == requirements
+    assert 'torch==2.13.0' in requirements

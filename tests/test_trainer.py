@@ -1,0 +1,135 @@
+"""The training loop: the original's batches, schedule and optimizer groups; resuming."""
+import math
+import random
+import signal
+import os
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import dataset
+import model
+import trainer
+from conftest import tiny_corpus
+
+
+def tiny_setup(tmp_path=None, **overrides):
+    text, _ = tiny_corpus()
+    ds = dataset.CharCorruptionDataset(text, 32)
+    torch.manual_seed(0)
+    gpt = model.GPT(model.GPTConfig(ds.vocab_size, 32, n_layer=2, n_head=2, n_embd=32))
+    settings = dict(max_epochs=3, batch_size=8, learning_rate=1e-3, lr_decay=True,
+                    warmup_tokens=8 * 31 * 2, final_tokens=8 * 31 * 12)
+    settings.update(overrides)
+    return gpt, ds, trainer.TrainerConfig(**settings)
+
+
+def test_config_defaults():
+    c = trainer.TrainerConfig(max_epochs=2)
+    assert (c.max_epochs, c.batch_size, c.learning_rate, c.betas) == (2, 64, 3e-4, (0.9, 0.95))
+    assert (c.grad_norm_clip, c.weight_decay, c.lr_decay) == (1.0, 0.1, False)
+    assert (c.warmup_tokens, c.final_tokens, c.ckpt_path, c.num_workers) == (375e6, 260e9, None, 0)
+
+
+def test_learning_rate_schedule():
+    t = trainer.Trainer(torch.nn.Linear(1, 1), [], None,
+                        trainer.TrainerConfig(learning_rate=1.0, lr_decay=True,
+                                              warmup_tokens=100, final_tokens=1100))
+    assert t.lr_at(0) == 0 and t.lr_at(50) == 0.5 and t.lr_at(100) == 1.0
+    assert math.isclose(t.lr_at(600), 0.5)  # half way through the cosine
+    assert t.lr_at(1100) == 0.1 and t.lr_at(1000) == 0.1  # the 10% floor
+    # As in the original, the cosine is not clamped past final_tokens: it rises again.
+    # (The handout's pretraining runs to about 3.2 x final_tokens.)
+    assert math.isclose(t.lr_at(2100), 1.0)
+    t.config.lr_decay = False
+    assert t.lr_at(600) == 1.0
+
+
+def test_weight_decay_groups_as_original():
+    gpt, ds, config = tiny_setup()
+    optimizer = trainer.Trainer(gpt, ds, None, config).make_optimizer()
+    decay, no_decay = optimizer.param_groups
+    names = {id(p): n for n, p in gpt.named_parameters()}
+    assert decay['weight_decay'] == 0.1 and no_decay['weight_decay'] == 0.0
+    assert all('bias' not in names[id(p)] for p in decay['params'])
+    assert all('bias' in names[id(p)] for p in no_decay['params'])
+    assert any('ln1.weight' in names[id(p)] for p in decay['params'])  # as the original did
+    assert len(decay['params']) + len(no_decay['params']) == len(names)
+
+
+def test_batches_are_the_original_loaders():
+    gpt, ds, config = tiny_setup()
+    t = trainer.Trainer(gpt, ds, None, config)
+    random.seed(5)
+    ours = [t.batch(ds, i) for i in range(math.ceil(len(ds) / 8))]
+    random.seed(5)
+    original = list(DataLoader(ds, batch_size=8))
+    assert len(ours) == len(original)
+    for (x, y), (ox, oy) in zip(ours, original):
+        assert torch.equal(x, ox) and torch.equal(y, oy)
+
+
+def test_tokens_and_learning_rate_follow_the_original(tmp_path):
+    gpt, ds, config = tiny_setup(metrics_path=str(tmp_path / 'm.csv'))
+    t = trainer.Trainer(gpt, ds, None, config)
+    t.train()
+    assert t.tokens == 3 * len(ds) * 31  # every target position, PAD included
+    rows = (tmp_path / 'm.csv').read_text().splitlines()
+    steps = 3 * math.ceil(len(ds) / 8)
+    assert rows[0] == 'epoch,step,loss,lr,tokens,seconds' and len(rows) == 1 + steps
+    tokens = [int(r.split(',')[4]) for r in rows[1:]]
+    lrs = [float(r.split(',')[3]) for r in rows[1:]]
+    assert tokens[0] == 8 * 31 and tokens[-1] == t.tokens
+    assert all(math.isclose(lr, t.lr_at(n), rel_tol=1e-5) for lr, n in zip(lrs, tokens))
+
+
+def test_training_lowers_the_loss():
+    gpt, ds, config = tiny_setup(max_epochs=30, lr_decay=False)
+    random.seed(0)
+    x, y = trainer.Trainer(gpt, ds, None, config).batch(ds, 0)
+    with torch.no_grad():
+        before = gpt.eval()(x, y)[1].item()
+    trainer.Trainer(gpt, ds, None, config).train()
+    with torch.no_grad():
+        after = gpt.eval()(x, y)[1].item()
+    assert after < before - 1.0
+
+
+def train_to_end(tmp_path, interrupt_at=None, precision='fp32'):
+    """Train the tiny setup; with interrupt_at=k, SIGINT arrives during step k and the
+    run is then resumed. Returns the final state_dict."""
+    random.seed(0)
+    gpt, ds, config = tiny_setup(resume_path=str(tmp_path / 'state.resume'), precision=precision)
+    steps = {'n': 0}
+    loss_fn = gpt.packed_loss
+
+    def counting_loss(x, y):
+        steps['n'] += 1
+        if steps['n'] == interrupt_at:
+            os.kill(os.getpid(), signal.SIGINT)
+        return loss_fn(x, y)
+
+    gpt.packed_loss = counting_loss
+    if interrupt_at is not None:
+        steps_per_epoch = math.ceil(len(ds) / config.batch_size)
+        epoch, step = divmod(interrupt_at - 1, steps_per_epoch)
+        with pytest.raises(trainer.TrainingInterrupted, match=f"epoch {epoch + 1}, step {step + 1};"):
+            trainer.Trainer(gpt, ds, None, config).train()
+        assert (tmp_path / 'state.resume').exists()
+        # a new process: fresh model, scrambled random states
+        random.seed(123)
+        torch.manual_seed(123)
+        gpt, ds, config = tiny_setup(resume_path=str(tmp_path / 'state.resume'), resume=True,
+                                     precision=precision)
+    trainer.Trainer(gpt, ds, None, config).train()
+    assert not (tmp_path / 'state.resume').exists()  # finished runs leave no state behind
+    return gpt.state_dict()
+
+
+@pytest.mark.parametrize('interrupt_at', [3, 5, 11])  # mid-epoch, an epoch's last step, later
+def test_interrupt_and_resume_equals_uninterrupted(tmp_path, interrupt_at):
+    straight = train_to_end(tmp_path)
+    resumed = train_to_end(tmp_path, interrupt_at)
+    for k in straight:
+        assert torch.equal(straight[k], resumed[k]), k

@@ -1,16 +1,19 @@
 """The two attention variants that plug into the GPT of model.py.
 
-CausalSelfAttention is handout eq. 9-10 (through torch's scaled_dot_product_attention);
+CausalSelfAttention is handout eq. 9-10 (through torch's scaled_dot_product_attention
+where that is fastest);
 SynthesizerAttention is handout eq. 11, where the scores of each position come from that
 position alone instead of from pairs of positions.
 
 Both take, besides x, two optional helpers for speed that never change the result:
   packing  x holds only the positions that matter, as (N, C) rows (see Packing);
-           attention alone needs the padded (B, T, C) layout, and unpacks for it.
+           attention alone needs padded (B, T, C) rows, and unpacks for it.
   cache    a dict (one per layer) keeping the keys/values of earlier positions, so that
            greedy decoding feeds only the newest position (see utils.greedy_complete).
 Their parameter names match the original starter code, so .params files load both ways.
 """
+import math
+
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
@@ -19,33 +22,52 @@ from torch.nn import functional as F
 class Packing:
     """The positions of a padded (B, T) batch that can affect the loss: for each row, the
     positions up to its last target. Attention is causal and PAD targets count for
-    nothing, so the positions after that are dead work; the position-wise layers (about
-    90% of the FLOPs) run on the kept rows only, about half of them in pretraining."""
+    nothing, so the positions after that are dead work. The position-wise layers (about
+    90% of the FLOPs) run on the kept positions only, as (N, C) rows: about half of the
+    batch in pretraining. Attention needs padded rows, so it runs on groups of rows of
+    similar length, each padded only to its own longest row."""
 
-    def __init__(self, lengths, T):
-        self.B, self.T = lengths.size(0), T
-        keep = torch.arange(T, device=lengths.device)[None, :] < lengths[:, None]  # (B, T)
-        self.index = keep.flatten().nonzero().squeeze(1)  # (N,) flat positions kept
+    def __init__(self, lengths, groups=8):
+        self.T = int(lengths.max())  # the batch, trimmed to its longest row
+        order = lengths.argsort(descending=True)
+        order = order[lengths[order] > 0]
+        index, self.groups = [], []
+        for rows in order.chunk(groups):
+            n = lengths[rows]  # (b,) longest first
+            width = int(n[0])
+            positions = torch.arange(width, device=lengths.device)  # (width,)
+            local = (positions[None, :] < n[:, None]).flatten().nonzero().squeeze(1)  # (N_g,)
+            index.append((rows[:, None] * self.T + positions[None, :]).flatten()[local])
+            self.groups.append((len(rows), width, local))
+        self.index = torch.cat(index)  # (N,) where each packed position sits in the (B, T) batch
 
-    def pack(self, x):
-        return x.flatten(0, 1).index_select(0, self.index)  # (B, T, ...) -> (N, ...)
+    def select(self, x):
+        """(B, T, ...) batch tensor -> (N, ...) kept positions."""
+        return x[:, :self.T].flatten(0, 1).index_select(0, self.index)
 
     def unpack(self, x):
-        padded = x.new_zeros(self.B * self.T, x.size(-1))  # (B*T, C)
-        return padded.index_copy(0, self.index, x).view(self.B, self.T, -1)  # (B, T, C)
+        """(N, C) -> one zero-padded (b, width, C) tensor per group."""
+        padded, start = [], 0
+        for b, width, local in self.groups:
+            part = x[start:start + len(local)]  # (N_g, C)
+            start += len(local)
+            padded.append(x.new_zeros(b * width, x.size(-1)).index_copy(0, local, part).view(b, width, -1))
+        return padded
+
+    def repack(self, padded):
+        """The inverse of unpack."""
+        return torch.cat([y.flatten(0, 1).index_select(0, local)
+                          for y, (_, _, local) in zip(padded, self.groups)])  # (N, C)
 
 
-def _to_heads(x, packing, n_head):
-    if packing is not None:
-        x = packing.unpack(x)
+def _split_heads(x, n_head):
     B, T, C = x.size()
     return x.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, nh, T, hs)
 
 
-def _from_heads(y, packing):
+def _merge_heads(y):
     B, nh, T, hs = y.size()
-    y = y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, C): heads side by side
-    return y if packing is None else packing.pack(y)
+    return y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, C): heads side by side
 
 
 def _extend(cache, name, new):
@@ -56,6 +78,14 @@ def _extend(cache, name, new):
         new = torch.cat((cache[name], new), dim=2)  # (B, nh, past+T, hs)
     cache[name] = new
     return new
+
+
+def _attend_in_groups(attend, packing, *inputs):
+    """attend(*inputs) on padded (B, T, C) inputs; on packed (N, C) ones, group by group."""
+    if packing is None:
+        return attend(*inputs)
+    groups = zip(*(packing.unpack(x) for x in inputs))
+    return packing.repack([attend(*group) for group in groups])
 
 
 class CausalSelfAttention(nn.Module):
@@ -76,19 +106,29 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
 
     def forward(self, x, packing=None, cache=None):
-        q = _to_heads(self.query(x), packing, self.n_head)  # (B, nh, T, hs)
-        k = _extend(cache, 'k', _to_heads(self.key(x), packing, self.n_head))  # (B, nh, past+T, hs)
-        v = _extend(cache, 'v', _to_heads(self.value(x), packing, self.n_head))  # (B, nh, past+T, hs)
+        q, k, v = self.query(x), self.key(x), self.value(x)  # (B, T, C), or packed (N, C)
+        y = _attend_in_groups(lambda *qkv: self.attend(*qkv, cache=cache), packing, q, k, v)
+        return self.resid_drop(self.proj(y))
+
+    def attend(self, q, k, v, cache=None):
+        """softmax(q k^T / sqrt(hs), causal) v per head, with attention dropout: (B, T, C)."""
+        q = _split_heads(q, self.n_head)  # (B, nh, T, hs)
+        k = _extend(cache, 'k', _split_heads(k, self.n_head))  # (B, nh, past+T, hs)
+        v = _extend(cache, 'v', _split_heads(v, self.n_head))  # (B, nh, past+T, hs)
         T, past = q.size(2), k.size(2) - q.size(2)
-        dropout = self.attn_drop.p if self.training else 0.0
-        if past == 0:
-            # softmax(q k^T / sqrt(hs), causal) v, with attention dropout
+        if self.training and q.device.type == 'cpu':
+            # written out: on CPU, scaled_dot_product_attention has no fused kernel with
+            # dropout, and this measures faster than its fallback
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, past+T)
+            att = att.masked_fill(self.mask[:, :, past:past + T, :past + T] == 0, float('-inf'))
+            y = self.attn_drop(F.softmax(att, dim=-1)) @ v  # (B, nh, T, hs)
+        elif past == 0:
+            dropout = self.attn_drop.p if self.training else 0.0
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
         else:
             allowed = self.mask[:, :, past:past + T, :past + T].bool()  # (1, 1, T, past+T)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)
-        # y: (B, nh, T, hs)
-        return self.resid_drop(self.proj(_from_heads(y, packing)))
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        return _merge_heads(y)
 
 
 class SynthesizerAttention(nn.Module):
@@ -113,13 +153,18 @@ class SynthesizerAttention(nn.Module):
         nn.init.uniform_(self.w2, -0.001, 0.001)
 
     def forward(self, x, packing=None, cache=None):
-        a = _to_heads(F.relu(self.w1(x)), packing, self.n_head)  # (B, nh, T, hs)
-        v = _extend(cache, 'v', _to_heads(self.value(x), packing, self.n_head))  # (B, nh, past+T, hs)
+        hidden, v = F.relu(self.w1(x)), self.value(x)  # (B, T, C), or packed (N, C)
+        y = _attend_in_groups(lambda *av: self.attend(*av, cache=cache), packing, hidden, v)
+        return self.resid_drop(self.proj(y))
+
+    def attend(self, hidden, v, cache=None):
+        """softmax(hidden_i B + b_2, causal) v_i per head i, with attention dropout: (B, T, C)."""
+        a = _split_heads(hidden, self.n_head)  # (B, nh, T, hs)
+        v = _extend(cache, 'v', _split_heads(v, self.n_head))  # (B, nh, past+T, hs)
         T, past = a.size(2), v.size(2) - a.size(2)
         assert past + T <= self.block_size - 1, 'the synthesizer has block_size-1 positions'
         # each row's scores over positions 0..past+T-1 come from that row alone
         scores = a @ self.w2[:, :past + T] + self.b2[:past + T]  # (B, nh, T, past+T)
         scores = scores.masked_fill(self.mask[:, :, past:past + T, :past + T] == 0, float('-inf'))
         att = self.attn_drop(F.softmax(scores, dim=-1))  # (B, nh, T, past+T)
-        y = att @ v  # (B, nh, T, hs)
-        return self.resid_drop(self.proj(_from_heads(y, packing)))
+        return _merge_heads(att @ v)  # (B, T, C)

@@ -98,13 +98,10 @@ class GPT(nn.Module):
         is causal and PAD targets are ignored), so each row is cut there (see Packing)."""
         positions = torch.arange(1, idx.size(1) + 1, device=idx.device)  # (T,)
         lengths = (positions * (targets != 0)).amax(dim=1)  # (B,) last target position + 1
-        T = int(lengths.max())
-        idx, targets = idx[:, :T], targets[:, :T]  # (B, T) trimmed to the longest row
-        packing = attention.Packing(lengths, T)
-        kept = packing.index % packing.T  # (N,) position of each kept row
-        x = self.tok_emb(packing.pack(idx)) + self.pos_emb[0, kept]  # (N, C)
+        packing = attention.Packing(lengths)
+        x = self.tok_emb(packing.select(idx)) + self.pos_emb[0, packing.index % packing.T]  # (N, C)
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, packing)
         logits = self.head(self.ln_f(x))  # (N, vocab)
-        return F.cross_entropy(logits, packing.pack(targets), ignore_index=0)
+        return F.cross_entropy(logits, packing.select(targets), ignore_index=0)

@@ -213,3 +213,28 @@ def test_greedy_complete_equals_plain_sampling(synthesizer):
         expected = plain[:plain.index(stop) + 1] if stop in plain else plain
         assert got == expected
     assert any(stop in c for c in completions) or all(len(c) == 32 for c in completions)
+
+
+@pytest.mark.parametrize('synthesizer', [False, True])
+def test_training_mode_path_equals_eval_path_without_dropout(synthesizer):
+    """In training, attention takes another path (written out, grouped by row length);
+    with dropout off it must compute what evaluation computes."""
+    gpt = make_gpt(synthesizer, vocab=40, n_layer=2, n_head=4, n_embd=32,
+                   embd_pdrop=0.0, resid_pdrop=0.0, attn_pdrop=0.0)
+    idx, targets = ragged_batch(40, B=20, leading_pad=True)
+    with torch.no_grad():
+        _, plain = gpt.eval()(idx, targets)
+        fast = gpt.train().packed_loss(idx, targets)
+    torch.testing.assert_close(fast, plain, atol=1e-6, rtol=1e-5)
+
+
+def test_packing_round_trip():
+    lengths = torch.tensor([3, 0, 7, 1, 7, 5, 2])
+    packing = attention.Packing(lengths, groups=3)
+    batch = torch.arange(7 * 9).view(7, 9)
+    kept = packing.select(batch)
+    assert sorted(kept.tolist()) == [b * 9 + t for b, n in enumerate(lengths.tolist()) for t in range(n)]
+    x = torch.randn(len(kept), 5)
+    padded = packing.unpack(x)
+    assert [p.shape[:2] for p in padded] == [(2, 7), (2, 5), (2, 2)]  # by length; the empty row dropped
+    assert torch.equal(packing.repack(padded), x)

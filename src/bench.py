@@ -1,0 +1,177 @@
+"""Speed of this codebase against the plain minGPT path, measured in one run on this machine.
+
+    python src/bench.py [--steps 5] [--questions 20] [--params vanilla.finetune.params]
+
+Pretraining: one step (forward, backward, clipping, AdamW) on the same batch of 128
+span-corruption examples of wiki.txt, with the same model:
+  plain  fp32, every row padded to 127 positions, explicit masked-softmax attention
+         (the original minGPT code path)
+  ours   the Trainer's step: GPT.packed_loss (only positions that can affect the loss),
+         scaled_dot_product_attention, and the precision run.py picks (--precision auto)
+evaluate: time per birth_dev.tsv question, greedy-decoding 32 characters
+  plain  one question at a time, re-running the whole prefix for every character
+  ours   utils.greedy_complete: questions batched by length, key/value cache, early stop
+Model FLOP/s counts only the work our step does, as a fraction of the measured matmul
+peak of this machine at the same precision.
+"""
+import argparse
+import math
+import os
+import platform
+import random
+import sys
+import time
+
+import torch
+from torch.nn import functional as F
+
+import attention
+import dataset
+import model
+import run
+import trainer
+import utils
+
+
+class PlainCausalSelfAttention(attention.CausalSelfAttention):
+    """The original minGPT attention: materialized scores, masked_fill, softmax."""
+
+    def forward(self, x, packing=None, cache=None):
+        B, T, C = x.size()
+        k = self.key(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q = self.query(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = self.value(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, T)
+        att = att.masked_fill(self.mask[:, :, :T, :T] == 0, float('-inf'))
+        att = self.attn_drop(F.softmax(att, dim=-1))
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.resid_drop(self.proj(y))
+
+
+def make_model(vocab_size, plain, synthesizer=False):
+    torch.manual_seed(0)
+    gpt = model.GPT(model.GPTConfig(vocab_size, run.BLOCK_SIZE, synthesizer=synthesizer, **run.MODEL_SIZE))
+    if plain and not synthesizer:
+        for block in gpt.blocks:
+            fresh = PlainCausalSelfAttention(model.GPTConfig(vocab_size, run.BLOCK_SIZE, **run.MODEL_SIZE))
+            fresh.load_state_dict(block.attn.state_dict())
+            block.attn = fresh
+    return gpt
+
+
+def time_steps(step, n):
+    step()  # warm-up
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]  # median: robust to a noisy shared machine
+
+
+def matmul_peak(dtype, device):
+    a = torch.randn(4096, 1024, dtype=dtype, device=device)
+    b = torch.randn(1024, 1024, dtype=dtype, device=device)
+    seconds = time_steps(lambda: a @ b, 10)
+    return 2 * 4096 * 1024 * 1024 / seconds
+
+
+def bench_pretraining(corpus, steps, synthesizer, precision, device):
+    random.seed(0)
+    x, y = zip(*[corpus[i] for i in range(128)])
+    x, y = torch.stack(x).to(device), torch.stack(y).to(device)  # (128, 127)
+    config = trainer.TrainerConfig(**run.PHASE_SETTINGS['pretrain'], precision=precision)
+    results = {}
+    for name in ('plain', 'ours'):
+        gpt = make_model(corpus.vocab_size, name == 'plain', synthesizer)
+        t = trainer.Trainer(gpt, corpus, None, config if name == 'ours' else
+                            trainer.TrainerConfig(**run.PHASE_SETTINGS['pretrain']))
+        optimizer = t.make_optimizer()
+
+        def step():
+            with t.autocast():
+                loss = gpt(x, y)[1] if name == 'plain' else gpt.packed_loss(x, y)
+            gpt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(gpt.parameters(), config.grad_norm_clip)
+            optimizer.step()
+
+        results[name] = time_steps(step, steps)
+    rows = [int((row != 0).nonzero().max()) + 1 for row in y]  # positions our step computes per row
+    return results, rows
+
+
+def model_flops(kept_positions, rows, n_embd=256, n_layer=4, vocab=256):
+    """Forward + backward FLOPs of the work our step does: 6 per weight per position in
+    the linear layers, plus the attention products over each row's causal triangle."""
+    linear = n_layer * 12 * n_embd * n_embd + n_embd * vocab
+    attention_pairs = sum(n * (n + 1) / 2 for n in rows)
+    return 6 * linear * kept_positions + 3 * n_layer * 4 * n_embd * attention_pairs
+
+
+def bench_evaluate(corpus, params, n_plain, device, synthesizer):
+    gpt = make_model(corpus.vocab_size, plain=False, synthesizer=synthesizer)
+    if params:
+        gpt.load_state_dict(run.load_params(params))
+    gpt.to(device).eval()
+    questions = utils.read_text('birth_dev.tsv').rstrip('\n').split('\n')
+    prompts = [run.encode_question(q.split('\t')[0], corpus).ids for q in questions]
+    mask = corpus.stoi[corpus.MASK_CHAR]
+
+    start = time.perf_counter()
+    for p in prompts[:n_plain]:
+        utils.sample(gpt, p[None].to(device), run.ANSWER_LENGTH)
+    plain = (time.perf_counter() - start) / n_plain
+
+    start = time.perf_counter()
+    utils.greedy_complete(gpt, prompts, run.ANSWER_LENGTH, mask)
+    ours = (time.perf_counter() - start) / len(prompts)
+    return plain, ours, len(prompts)
+
+
+def main():
+    argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    argp.add_argument('--steps', type=int, default=5, help="timed pretraining steps per path")
+    argp.add_argument('--questions', type=int, default=20, help="dev questions for the plain decoder")
+    argp.add_argument('--params', help="finetuned params to decode with (default: untrained, "
+                                       "which never stops early: the slowest case for ours)")
+    argp.add_argument('--variant', choices=['vanilla', 'synthesizer'], default='vanilla')
+    argp.add_argument('--precision', choices=['auto', 'fp32', 'bf16'], default='auto')
+    args = argp.parse_args()
+
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    precision = run.training_precision(args.precision)
+    synthesizer = args.variant == 'synthesizer'
+    try:
+        corpus = dataset.CharCorruptionDataset(utils.read_text('wiki.txt'), run.BLOCK_SIZE)
+    except utils.UserError as e:
+        sys.exit(f"error: {e}")
+    name = torch.cuda.get_device_name() if device == 'cuda' else platform.processor() or platform.machine()
+    print(f"machine: {name}, {os.cpu_count()} CPUs, torch {torch.__version__} "
+          f"({torch.get_num_threads()} threads); variant {args.variant}; our precision {precision}")
+
+    times, rows = bench_pretraining(corpus, args.steps, synthesizer, precision, device)
+    plain, ours = times['plain'], times['ours']
+    positions = 128 * (run.BLOCK_SIZE - 1)
+    print(f"pretraining step (batch 128 x 127 positions; ours computes {sum(rows)} of {positions}):")
+    print(f"  plain: {plain * 1000:8.1f} ms/step  {positions / plain:9,.0f} tokens/s")
+    print(f"  ours:  {ours * 1000:8.1f} ms/step  {positions / ours:9,.0f} tokens/s   {plain / ours:.1f}x faster")
+    steps_650 = 650 * math.ceil(len(corpus) / 128)
+    print(f"  650-epoch pretraining ({steps_650} steps): plain {steps_650 * plain / 3600:.1f} h, "
+          f"ours {steps_650 * ours / 3600:.1f} h")
+
+    flops = model_flops(sum(rows), rows)
+    peak = matmul_peak(torch.bfloat16 if precision == 'bf16' else torch.float32, device)
+    print(f"  model FLOP/s (ours): {flops / ours / 1e9:.0f} GFLOP/s = {flops / ours / peak:.0%} of this "
+          f"machine's {precision} matmul peak ({peak / 1e9:.0f} GFLOP/s)")
+
+    plain, ours, n = bench_evaluate(corpus, args.params, args.questions, device, synthesizer)
+    print(f"evaluate (birth_dev.tsv, 32 characters per question{'' if args.params else ', untrained model'}):")
+    print(f"  plain: {plain * 1000:8.1f} ms/question (first {args.questions})")
+    print(f"  ours:  {ours * 1000:8.1f} ms/question (all {n})   {plain / ours:.1f}x faster")
+
+
+if __name__ == '__main__':
+    main()

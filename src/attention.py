@@ -29,7 +29,7 @@ class Packing:
 
     def __init__(self, lengths, groups=8):
         self.T = int(lengths.max())  # the batch, trimmed to its longest row
-        order = lengths.argsort(descending=True)
+        order = lengths.argsort(descending=True, stable=True)
         order = order[lengths[order] > 0]
         index, self.groups = [], []
         for rows in order.chunk(groups):

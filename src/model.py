@@ -99,8 +99,10 @@ class GPT(nn.Module):
         positions = torch.arange(1, idx.size(1) + 1, device=idx.device)  # (T,)
         lengths = (positions * (targets != 0)).amax(dim=1)  # (B,) last target position + 1
         packing = attention.Packing(lengths)
-        x = self.tok_emb(packing.select(idx)) + self.pos_emb[0, packing.index % packing.T]  # (N, C)
-        x = self.drop(x)
+        T = packing.T
+        # embed the whole (trimmed) batch: gathering pos_emb per position would make its
+        # gradient an accumulating scatter, whose order (and sum) varies between runs
+        x = self.drop(packing.select(self.tok_emb(idx[:, :T]) + self.pos_emb[:, :T, :]))  # (N, C)
         for block in self.blocks:
             x = block(x, packing)
         logits = self.head(self.ln_f(x))  # (N, vocab)

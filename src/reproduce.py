@@ -1,0 +1,143 @@
+"""The whole assignment in one command: the handout's eleven run.py commands (parts d, f
+and g) and the London baseline, then a table of dev accuracies and times.
+
+    python src/reproduce.py                 # the handout's settings (hours on a CPU)
+    python src/reproduce.py --max_epochs 1  # every training phase cut to 1 epoch
+
+It writes the handout's file names (vanilla.model.params, ...) into --outdir, so that
+collect_submission.sh can pack them, and skips each phase whose output already exists:
+after an interruption, run the same command again. A phase that was interrupted
+resumes from its saved state. The table goes to results.md beside the outputs.
+"""
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+
+import run
+import trainer
+import utils
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from london_baseline import london_baseline  # noqa: E402
+
+
+def phases(out):
+    """(name, run.py arguments after the corpus, output file) in the handout's order;
+    outputs go to the folder `out`, inputs are found as run.py finds them."""
+    data = {name: utils.find_data_file(name)
+            for name in ('birth_places_train.tsv', 'birth_dev.tsv', 'birth_test_inputs.tsv')}
+    path = lambda name: os.path.join(out, name)
+
+    def evaluations(variant, params, prefix):
+        return [(f'{prefix}: evaluate {split}',
+                 ['evaluate', variant, '--reading_params_path', path(params), '--eval_corpus_path',
+                  data[corpus], '--outputs_path', path(f'{prefix}.{split}.predictions')],
+                 path(f'{prefix}.{split}.predictions'))
+                for split, corpus in (('dev', 'birth_dev.tsv'), ('test', 'birth_test_inputs.tsv'))]
+
+    steps = [('vanilla, no pretraining: finetune',
+              ['finetune', 'vanilla', '--writing_params_path', path('vanilla.model.params'),
+               '--finetune_corpus_path', data['birth_places_train.tsv']], path('vanilla.model.params'))]
+    steps += evaluations('vanilla', 'vanilla.model.params', 'vanilla.nopretrain')
+    for variant in ('vanilla', 'synthesizer'):
+        steps.append((f'{variant}: pretrain',
+                      ['pretrain', variant, '--writing_params_path', path(f'{variant}.pretrain.params')],
+                      path(f'{variant}.pretrain.params')))
+        steps.append((f'{variant}: finetune',
+                      ['finetune', variant, '--reading_params_path', path(f'{variant}.pretrain.params'),
+                       '--writing_params_path', path(f'{variant}.finetune.params'),
+                       '--finetune_corpus_path', data['birth_places_train.tsv']],
+                      path(f'{variant}.finetune.params')))
+        steps += evaluations(variant, f'{variant}.finetune.params', f'{variant}.pretrain')
+    return steps
+
+
+def run_phase(argv, output, corpus, overrides):
+    """Runs one run.py command in this process; evaluate returns (total, correct)."""
+    function, variant = argv[:2]
+    if function != 'evaluate':
+        argv = argv + overrides + (['--resume'] if os.path.exists(output + '.resume') else [])
+    args = run.parse_args([function, variant, corpus] + argv[2:])
+    run.check_args(args)
+    return {'pretrain': run.pretrain, 'finetune': run.finetune, 'evaluate': run.evaluate}[function](args)
+
+
+def machine():
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    name = platform.processor() or platform.machine()
+    try:
+        with open('/proc/cpuinfo', encoding='utf-8') as f:
+            name = next(line.split(':', 1)[1].strip() for line in f if line.startswith('model name'))
+    except (OSError, StopIteration):
+        pass
+    return f"{name}, {os.cpu_count()} CPUs, torch {torch.__version__}"
+
+
+def accuracy(total_correct):
+    total, correct = total_correct
+    return f"{correct / total * 100:.1f}% ({correct:.0f}/{total:.0f})" if total else "n/a"
+
+
+def write_table(results, settings, path):
+    lines = ['# Results', '', f"Machine: {machine()}", f"Settings: {settings}", '',
+             '| phase | dev accuracy | time |', '|---|---|---|']
+    for name, entry in results.items():
+        time_taken = run.format_seconds(entry['seconds']) if entry.get('seconds') is not None else 'earlier run'
+        lines.append(f"| {name} | {entry.get('accuracy', '')} | {time_taken} |")
+    utils.atomic_write(path, lambda f: f.write(('\n'.join(lines) + '\n').encode('utf-8')))
+    return '\n'.join(lines)
+
+
+def main(argv=None):
+    argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
+    argp.add_argument('--outdir', default='.', help="where the results go (default: here)")
+    argp.add_argument('--max_epochs', type=run.positive(int), help="cap every training phase at this")
+    argp.add_argument('--seed', type=int, default=0)
+    argp.add_argument('--precision', choices=['auto', 'fp32', 'bf16'], default='auto')
+    args = argp.parse_args(argv)
+    overrides = ['--seed', str(args.seed), '--precision', args.precision]
+    settings = f"the handout's, training precision {run.training_precision(args.precision)}, seed {args.seed}"
+    if args.max_epochs:
+        overrides += ['--max_epochs', str(args.max_epochs)]
+        settings += f", --max_epochs {args.max_epochs} for every training phase"
+
+    os.makedirs(args.outdir, exist_ok=True)
+    record = os.path.join(args.outdir, 'results.json')
+    results = json.loads(open(record, encoding='utf-8').read()) if os.path.exists(record) else {}
+    try:
+        for name, phase_argv, output in phases(args.outdir):
+            if os.path.exists(output):
+                print(f"== {name}: {output} exists, skipped")
+                results.setdefault(name, {'seconds': None})
+            else:
+                print(f"== {name}")
+                start = time.time()
+                run_phase(phase_argv, output, args.pretrain_corpus_path, overrides)
+                results[name] = {'seconds': time.time() - start}
+            if name.endswith('evaluate dev'):
+                predictions = open(output, encoding='utf-8').read().splitlines()
+                dev = utils.evaluate_places('birth_dev.tsv', predictions)
+                results[name]['accuracy'] = accuracy(dev)
+            utils.atomic_write(record, lambda f: f.write(json.dumps(results, indent=1).encode('utf-8')))
+        results['London baseline'] = {'accuracy': accuracy(london_baseline('birth_dev.tsv')), 'seconds': 0}
+    except utils.UserError as e:
+        sys.exit(f"error: {e}")
+    except trainer.TrainingInterrupted as e:
+        again = ' '.join(['python', 'src/reproduce.py'] + (sys.argv[1:] if argv is None else argv))
+        print(f"\n{e}. To continue: {again}", file=sys.stderr)
+        sys.exit(130)
+    except trainer.NonFiniteLoss as e:
+        sys.exit(f"error: {e}")
+    print()
+    print(write_table(results, settings, os.path.join(args.outdir, 'results.md')))
+
+
+if __name__ == '__main__':
+    main()

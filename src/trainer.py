@@ -173,7 +173,7 @@ class Trainer:
                     last_save = time.time()
         except NonFiniteLoss as e:
             kept = (f"the last good state is kept in {config.resume_path}" if config.resume_path
-                    and os.path.exists(config.resume_path) else "no state was saved after it")
+                    and os.path.exists(config.resume_path) else "no earlier state had been saved yet")
             raise NonFiniteLoss(f"{e}; stopped, {kept}; a lower learning rate may help") from None
         finally:
             pbar.close()

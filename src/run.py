@@ -337,6 +337,9 @@ def main(argv=None):
     except trainer.NonFiniteLoss as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(3)
+    except KeyboardInterrupt:  # before training started, or a second Ctrl-C
+        print("\ninterrupted; no resumable state was saved", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == '__main__':

@@ -123,7 +123,7 @@ class Trainer:
         optimizer = self.make_optimizer()
         steps_per_epoch = math.ceil(len(self.train_dataset) / config.batch_size)
         start_epoch, start_step = 0, 0
-        self.tokens, self.elapsed = 0, 0.0
+        self.tokens, self.elapsed, self.resumed_elapsed = 0, 0.0, 0.0
         if config.resume:
             start_epoch, start_step = self.load_resume_state(optimizer)
         log = MetricsLog(config.metrics_path, append=config.resume)
@@ -188,7 +188,7 @@ class Trainer:
 
     def tokens_per_s(self, steps, T):
         """Target positions per second, counted like the schedule (batch x T per step)."""
-        run_time = max(self.elapsed - getattr(self, 'resumed_elapsed', 0.0), 1e-9)
+        run_time = max(self.elapsed - self.resumed_elapsed, 1e-9)
         return steps * self.config.batch_size * T / run_time
 
     @torch.no_grad()

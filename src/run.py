@@ -159,8 +159,9 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
     run = trainer.Trainer(gpt, train_dataset, None, config)
     run.train()
     utils.atomic_save(trainer.cpu_state_dict(gpt), path)
-    tokens_per_s = run.steps_run * config.batch_size * (BLOCK_SIZE - 1) / max(run.elapsed, 1e-9)
-    print(f"{phase} done: {run.steps_run} steps in {format_seconds(run.elapsed)} "
+    seconds = run.elapsed - run.resumed_elapsed  # this process's share of a resumed run
+    tokens_per_s = run.steps_run * config.batch_size * (BLOCK_SIZE - 1) / max(seconds, 1e-9)
+    print(f"{phase} done: {run.steps_run} steps in {format_seconds(seconds)} "
           f"({tokens_per_s:,.0f} tokens/s), final loss {run.final_loss:.4f}; params written to {path}")
 
 

@@ -1,0 +1,41 @@
+"""File helpers: atomic saves, UTF-8 reading, data/ lookup."""
+import pytest
+import torch
+
+import utils
+
+
+def test_interrupted_save_leaves_the_old_file_whole(tmp_path):
+    path = tmp_path / 'model.params'
+    utils.atomic_save({'w': torch.ones(3)}, path)
+
+    def dies_half_way(f):
+        f.write(b'partial bytes')
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        utils.atomic_write(path, dies_half_way)
+    assert torch.equal(torch.load(path, weights_only=True)['w'], torch.ones(3))
+    assert [p.name for p in tmp_path.iterdir()] == ['model.params']  # no temporary left behind
+
+
+def test_read_text_checks(tmp_path):
+    (tmp_path / 'ok.txt').write_text('caf\u00e9\n', encoding='utf-8')
+    assert utils.read_text(str(tmp_path / 'ok.txt')) == 'caf\u00e9\n'
+    (tmp_path / 'bad.txt').write_bytes(b'fine\nfine\ncaf\xe9\n')
+    with pytest.raises(utils.UserError, match=r'bad.txt, line 3: not valid UTF-8'):
+        utils.read_text(str(tmp_path / 'bad.txt'))
+    (tmp_path / 'blank.txt').write_text('  \n\n')
+    with pytest.raises(utils.UserError, match='file is empty'):
+        utils.read_text(str(tmp_path / 'blank.txt'))
+
+
+def test_bare_names_are_found_in_data(tmp_path, monkeypatch):
+    monkeypatch.setattr(utils, 'DATA_DIR', tmp_path / 'data')
+    (tmp_path / 'data').mkdir()
+    (tmp_path / 'data' / 'corpus.txt').write_text('x\n')
+    monkeypatch.chdir(tmp_path)
+    assert utils.find_data_file('corpus.txt') == str(tmp_path / 'data' / 'corpus.txt')
+    (tmp_path / 'corpus.txt').write_text('here\n')
+    assert utils.find_data_file('corpus.txt') == 'corpus.txt'  # the current directory wins
+    assert utils.find_data_file('sub/corpus.txt') == 'sub/corpus.txt'  # paths are taken as given

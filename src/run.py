@@ -26,6 +26,8 @@ import utils
 BLOCK_SIZE = 128
 MODEL_SIZE = dict(n_layer=4, n_head=8, n_embd=256)
 ANSWER_LENGTH = 32  # characters decoded after each question
+# question characters that fit before the MASK and the answer (the synthesizer has block_size-1 positions)
+QUESTION_ROOM = BLOCK_SIZE - 1 - 1 - ANSWER_LENGTH
 
 # The handout's hyperparameters; --max_epochs, --batch_size, --learning_rate override them.
 PHASE_SETTINGS = {
@@ -105,7 +107,7 @@ def evaluate(args):
     if lines[-1] == '':
         lines.pop()
     prompts = [encode_question(line.split('\t')[0], pretrain_dataset) for line in lines]
-    warn_about_questions(prompts, lines, args.eval_corpus_path)
+    warn_about_questions(prompts, args.eval_corpus_path)
     mask_id = pretrain_dataset.stoi[pretrain_dataset.MASK_CHAR]
     completions = utils.greedy_complete(gpt, [p.ids for p in prompts], ANSWER_LENGTH, mask_id)
     # the prediction is what comes between the question's MASK and the next one
@@ -200,12 +202,11 @@ def encode_question(question, pretrain_dataset):
     cropping would)."""
     stoi = pretrain_dataset.stoi
     known = [c for c in question if c in stoi]
-    room = pretrain_dataset.block_size - 1 - ANSWER_LENGTH - 1  # the synthesizer has block_size-1 positions
-    ids = [stoi[c] for c in known[-room:]] + [stoi[pretrain_dataset.MASK_CHAR]]
-    return Question(torch.tensor(ids, dtype=torch.long), len(question) - len(known), len(known) > room)
+    ids = [stoi[c] for c in known[-QUESTION_ROOM:]] + [stoi[pretrain_dataset.MASK_CHAR]]
+    return Question(torch.tensor(ids, dtype=torch.long), len(question) - len(known), len(known) > QUESTION_ROOM)
 
 
-def warn_about_questions(prompts, lines, path):
+def warn_about_questions(prompts, path):
     unknown = sum(1 for p in prompts if p.unknown)
     if unknown:
         print(f"warning: {path}: {unknown} question(s) contain characters outside the vocabulary; "
@@ -213,8 +214,7 @@ def warn_about_questions(prompts, lines, path):
     cut = sum(1 for p in prompts if p.cut)
     if cut:
         print(f"warning: {path}: {cut} question(s) are too long for the context; only their "
-              f"last {BLOCK_SIZE - ANSWER_LENGTH - 2} characters were used",
-              file=sys.stderr)
+              f"last {QUESTION_ROOM} characters were used", file=sys.stderr)
 
 
 # --- Checks before any work --------------------------------------------------------------
@@ -239,9 +239,9 @@ def check_args(args):
                                   f"which the vocabulary reserves for PAD/MASK")
     vocab = set(corpus)
     if args.function == 'finetune':
-        check_tsv(args.finetune_corpus_path, vocab, gold=True)
+        check_tsv(args.finetune_corpus_path, vocab, training=True)
     if args.function == 'evaluate':
-        check_tsv(args.eval_corpus_path, vocab, gold=None)
+        check_tsv(args.eval_corpus_path, vocab, training=False)
     if args.reading_params_path:
         check_params(args.reading_params_path, args.variant, len(vocab) + 2, args.pretrain_corpus_path)
     output = 'outputs_path' if args.function == 'evaluate' else 'writing_params_path'
@@ -251,27 +251,25 @@ def check_args(args):
                               f"(it is written when a run is interrupted)")
 
 
-def check_tsv(path, vocab, gold):
-    """Lines of "question<TAB>place" (gold=True), or questions alone or all with places
-    (gold=None, for evaluation). Training examples must fit the block and the vocabulary."""
+def check_tsv(path, vocab, training):
+    """Training files: every line "question<TAB>place", fitting the block and the
+    vocabulary. Evaluation files: all lines with a place (dev) or none (test)."""
     lines = utils.read_text(path).split('\n')
     if lines[-1] == '':
         lines.pop()
     found = utils.find_data_file(path)
-    expected_tabs = None
+    first_tabs = lines[0].count('\t')
     for number, line in enumerate(lines, 1):
         where = f"{found}, line {number}"
         tabs = line.count('\t')
-        if gold and tabs != 1:
+        if training and tabs != 1:
             raise utils.UserError(f"{where}: expected 'question<TAB>place' (exactly one tab), found {tabs} tabs")
-        if gold is None:
-            expected_tabs = tabs if expected_tabs is None else expected_tabs
-            if tabs > 1 or tabs != expected_tabs:
-                raise utils.UserError(f"{where}: expected {'question<TAB>place' if expected_tabs else 'a question alone'} "
-                                      f"like line 1, found {tabs} tabs")
+        if not training and (tabs > 1 or tabs != first_tabs):
+            expected = 'question<TAB>place' if first_tabs else 'a question alone'
+            raise utils.UserError(f"{where}: expected {expected} like line 1, found {tabs} tabs")
         if not line.split('\t')[0].strip():
             raise utils.UserError(f"{where}: empty question")
-        if gold:
+        if training:
             ascii_line = line.encode('ascii', errors='ignore').decode('ascii')  # what NameDataset keeps
             missing = sorted(set(ascii_line) - vocab - {'\t'})
             if missing:

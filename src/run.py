@@ -156,8 +156,9 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
         print(f"note: starting afresh; {config.resume_path} (an interrupted run's state) will be "
               f"replaced. Add --resume to continue that run instead.")
     print(f"{phase}: {settings['max_epochs']} epochs, batch {settings['batch_size']}, "
-          f"lr {settings['learning_rate']:g}, {config.precision}, "
-          f"{sum(p.numel() for p in gpt.parameters()):,} parameters")
+          f"lr {settings['learning_rate']:g}, {sum(p.numel() for p in gpt.parameters()):,} parameters, "
+          + ("bf16 autocast (native on this hardware; --precision fp32 for the original's fp32)"
+             if config.precision == 'bf16' else "fp32"))
     run = trainer.Trainer(gpt, train_dataset, None, config)
     run.train()
     utils.atomic_save(trainer.cpu_state_dict(gpt), path)

@@ -49,7 +49,7 @@ def test_pipeline_end_to_end(tiny, variant):
     out = cli('finetune', variant, 'wiki.txt', '--reading_params_path', f'{variant}.pretrain.params',
               '--writing_params_path', f'{variant}.finetune.params', '--finetune_corpus_path', 'train.tsv',
               *quick, cwd=tiny).stdout
-    assert 'finetune from pretrained: 1 epochs, batch 256, lr 0.0006' in out
+    assert 'finetune from pretrained: 1 epochs, batch 256, lr 0.0006, ' in out
     state = torch.load(tiny / f'{variant}.finetune.params', weights_only=True)
     assert isinstance(state, dict) and ('blocks.0.attn.w2' in state) == (variant == 'synthesizer')
 

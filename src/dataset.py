@@ -9,6 +9,7 @@ finetuning example whose loss covers only the answer. Run as a script to see exa
 """
 import argparse
 import random
+import signal
 
 import torch
 from torch.utils.data import Dataset
@@ -106,6 +107,7 @@ def decode(ids, itos):
 
 
 if __name__ == '__main__':
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `... | head` ends quietly, as shell tools do
     argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     argp.add_argument('dataset_type', choices=['namedata', 'charcorruption'],
                       help="Type of dataset to sample from.")

@@ -93,13 +93,10 @@ def bench_pretraining(corpus, steps, synthesizer, precision, device):
         def step():
             with t.autocast():
                 loss = gpt(x, y)[1] if name == 'plain' else gpt.packed_loss(x, y)
-            gpt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(gpt.parameters(), config.grad_norm_clip)
-            optimizer.step()
+            t.update(optimizer, loss)
 
         results[name] = time_steps(step, steps)
-    rows = [int((row != 0).nonzero().max()) + 1 for row in y]  # positions our step computes per row
+    rows = model.target_lengths(y).tolist()  # positions our step computes, per row
     return results, rows
 
 
@@ -116,7 +113,7 @@ def bench_evaluate(corpus, params, n_plain, device, synthesizer):
     if params:
         gpt.load_state_dict(run.load_params(params))
     gpt.to(device).eval()
-    questions = utils.read_text('birth_dev.tsv').rstrip('\n').split('\n')
+    questions = utils.read_lines('birth_dev.tsv')
     prompts = [run.encode_question(q.split('\t')[0], corpus).ids for q in questions]
     mask = corpus.stoi[corpus.MASK_CHAR]
 

@@ -96,9 +96,7 @@ class GPT(nn.Module):
         """forward(idx, targets)[1], computed only where it can make a difference: the
         positions after a row's last non-PAD target influence no counted target (attention
         is causal and PAD targets are ignored), so each row is cut there (see Packing)."""
-        positions = torch.arange(1, idx.size(1) + 1, device=idx.device)  # (T,)
-        lengths = (positions * (targets != 0)).amax(dim=1)  # (B,) last target position + 1
-        packing = attention.Packing(lengths)
+        packing = attention.Packing(target_lengths(targets))
         T = packing.T
         # embed the whole (trimmed) batch: gathering pos_emb per position would make its
         # gradient an accumulating scatter, whose order (and sum) varies between runs
@@ -107,3 +105,10 @@ class GPT(nn.Module):
             x = block(x, packing)
         logits = self.head(self.ln_f(x))  # (N, vocab)
         return F.cross_entropy(logits, packing.select(targets), ignore_index=0)
+
+
+def target_lengths(targets):
+    """(B, T) targets -> (B,) each row's last non-PAD target position + 1 (0 if none):
+    the positions that can affect the loss."""
+    positions = torch.arange(1, targets.size(1) + 1, device=targets.device)  # (T,)
+    return (positions * (targets != 0)).amax(dim=1)  # (B,)

@@ -103,9 +103,7 @@ def evaluate(args):
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
     gpt.to(device)
 
-    lines = utils.read_text(args.eval_corpus_path).split('\n')
-    if lines[-1] == '':
-        lines.pop()
+    lines = utils.read_lines(args.eval_corpus_path)
     prompts = [encode_question(line.split('\t')[0], pretrain_dataset) for line in lines]
     warn_about_questions(prompts, args.eval_corpus_path)
     mask_id = pretrain_dataset.stoi[pretrain_dataset.MASK_CHAR]
@@ -163,9 +161,8 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
     run.train()
     utils.atomic_save(trainer.cpu_state_dict(gpt), path)
     seconds = run.elapsed - run.resumed_elapsed  # this process's share of a resumed run
-    tokens_per_s = run.steps_run * config.batch_size * (BLOCK_SIZE - 1) / max(seconds, 1e-9)
     print(f"{phase} done: {run.steps_run} steps in {format_seconds(seconds)} "
-          f"({tokens_per_s:,.0f} tokens/s), final loss {run.final_loss:.4f}; params written to {path}")
+          f"({run.tokens_per_s(run.steps_run, BLOCK_SIZE - 1):,.0f} tokens/s), final loss {run.final_loss:.4f}; params written to {path}")
 
 
 def training_precision(choice):
@@ -255,9 +252,7 @@ def check_args(args):
 def check_tsv(path, vocab, training):
     """Training files: every line "question<TAB>place", fitting the block and the
     vocabulary. Evaluation files: all lines with a place (dev) or none (test)."""
-    lines = utils.read_text(path).split('\n')
-    if lines[-1] == '':
-        lines.pop()
+    lines = utils.read_lines(path)
     found = utils.find_data_file(path)
     first_tabs = lines[0].count('\t')
     for number, line in enumerate(lines, 1):

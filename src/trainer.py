@@ -141,10 +141,7 @@ class Trainer:
                     x, y = self.batch(self.train_dataset, it)
                     with self.autocast():
                         loss = model.packed_loss(x, y)
-                    model.zero_grad(set_to_none=True)
-                    loss.backward()
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_norm_clip)
-                    optimizer.step()
+                    self.update(optimizer, loss)
                     # As in the original: the schedule moves after the step, counting every
                     # target position (PADs too), and the new rate applies from the next step.
                     self.tokens += y.numel()
@@ -185,6 +182,13 @@ class Trainer:
         self.final_loss = log.last_loss
         if config.resume_path and os.path.exists(config.resume_path):
             os.remove(config.resume_path)  # finished: nothing left to resume
+
+    def update(self, optimizer, loss):
+        """One optimizer step on the gradient of loss, clipped to grad_norm_clip."""
+        self.model.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_norm_clip)
+        optimizer.step()
 
     def tokens_per_s(self, steps, T):
         """Target positions per second, counted like the schedule (batch x T per step)."""

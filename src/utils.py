@@ -53,6 +53,14 @@ def read_text(path):
         raise UserError(f'{found}, line {line}: not valid UTF-8 (byte {raw[e.start]:#x})')
 
 
+def read_lines(path):
+    """read_text(path) split into lines, without the empty string after the final newline."""
+    lines = read_text(path).split('\n')
+    if lines[-1] == '':
+        lines.pop()
+    return lines
+
+
 def atomic_write(path, write):
     """Call write(file_object) on a temporary file beside `path`, then rename it over
     `path`: an interrupted save never leaves a truncated file behind."""

@@ -18,6 +18,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from dropout import Dropout
+
 
 class Packing:
     """The positions of a padded (B, T) batch that can affect the loss: for each row, the
@@ -31,33 +33,34 @@ class Packing:
         self.T = int(lengths.max())  # the batch, trimmed to its longest row
         order = lengths.argsort(descending=True, stable=True)
         order = order[lengths[order] > 0]
-        index, self.groups = [], []
+        index, slots, self.shapes, start = [], [], [], 0
         for rows in order.chunk(groups):
             n = lengths[rows]  # (b,) longest first
             width = int(n[0])
             positions = torch.arange(width, device=lengths.device)  # (width,)
-            local = (positions[None, :] < n[:, None]).flatten().nonzero().squeeze(1)  # (N_g,)
-            index.append((rows[:, None] * self.T + positions[None, :]).flatten()[local])
-            self.groups.append((len(rows), width, local))
+            kept = (positions[None, :] < n[:, None]).flatten().nonzero().squeeze(1)  # (N_g,)
+            index.append((rows[:, None] * self.T + positions[None, :]).flatten()[kept])
+            slots.append(start + kept)
+            self.shapes.append((len(rows), width))
+            start += len(rows) * width
         self.index = torch.cat(index)  # (N,) where each packed position sits in the (B, T) batch
+        self.slots = torch.cat(slots)  # (N,) where it sits in the groups, laid end to end
+        self.padded_size = start
 
     def select(self, x):
         """(B, T, ...) batch tensor -> (N, ...) kept positions."""
         return x[:, :self.T].flatten(0, 1).index_select(0, self.index)
 
     def unpack(self, x):
-        """(N, C) -> one zero-padded (b, width, C) tensor per group."""
-        padded, start = [], 0
-        for b, width, local in self.groups:
-            part = x[start:start + len(local)]  # (N_g, C)
-            start += len(local)
-            padded.append(x.new_zeros(b * width, x.size(-1)).index_copy(0, local, part).view(b, width, -1))
-        return padded
+        """(N, C) -> one zero-padded (b, width, C) tensor per group. One scatter for all
+        groups: slicing x group by group would cost a full-size zero gradient per slice."""
+        padded = x.new_zeros(self.padded_size, x.size(-1)).index_copy(0, self.slots, x)
+        sizes = [b * width for b, width in self.shapes]
+        return [part.view(b, width, -1) for part, (b, width) in zip(padded.split(sizes), self.shapes)]
 
     def repack(self, padded):
         """The inverse of unpack."""
-        return torch.cat([y.flatten(0, 1).index_select(0, local)
-                          for y, (_, _, local) in zip(padded, self.groups)])  # (N, C)
+        return torch.cat([y.flatten(0, 1) for y in padded]).index_select(0, self.slots)  # (N, C)
 
 
 def _split_heads(x, n_head):
@@ -97,8 +100,8 @@ class CausalSelfAttention(nn.Module):
         self.key = nn.Linear(config.n_embd, config.n_embd)
         self.query = nn.Linear(config.n_embd, config.n_embd)
         self.value = nn.Linear(config.n_embd, config.n_embd)
-        self.attn_drop = nn.Dropout(config.attn_pdrop)
-        self.resid_drop = nn.Dropout(config.resid_pdrop)
+        self.attn_drop = Dropout(config.attn_pdrop)
+        self.resid_drop = Dropout(config.resid_pdrop)
         self.proj = nn.Linear(config.n_embd, config.n_embd)
         # causal mask, 1 where attention is allowed; kept in the state_dict as the original does
         self.register_buffer("mask", torch.tril(torch.ones(config.block_size, config.block_size))
@@ -119,8 +122,9 @@ class CausalSelfAttention(nn.Module):
         if self.training and q.device.type == 'cpu':
             # written out: on CPU, scaled_dot_product_attention has no fused kernel with
             # dropout, and this measures faster than its fallback
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, past+T)
-            att = att.masked_fill(self.mask[:, :, past:past + T, :past + T] == 0, float('-inf'))
+            # scaled and masked in place: the scores are the biggest tensor of the step
+            att = (q @ k.transpose(-2, -1)).mul_(1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, past+T)
+            att.masked_fill_(self.mask[:, :, past:past + T, :past + T] == 0, float('-inf'))
             y = self.attn_drop(F.softmax(att, dim=-1)) @ v  # (B, nh, T, hs)
         elif past == 0:
             dropout = self.attn_drop.p if self.training else 0.0
@@ -144,8 +148,8 @@ class SynthesizerAttention(nn.Module):
         self.b2 = nn.Parameter(torch.zeros(config.block_size - 1))
         self.value = nn.Linear(config.n_embd, config.n_embd)
         self.proj = nn.Linear(config.n_embd, config.n_embd)
-        self.attn_drop = nn.Dropout(config.attn_pdrop)
-        self.resid_drop = nn.Dropout(config.resid_pdrop)
+        self.attn_drop = Dropout(config.attn_pdrop)
+        self.resid_drop = Dropout(config.resid_pdrop)
         self.register_buffer("mask", torch.tril(torch.ones(config.block_size, config.block_size))
                              .view(1, 1, config.block_size, config.block_size))
         self.n_head = config.n_head
@@ -165,6 +169,6 @@ class SynthesizerAttention(nn.Module):
         assert past + T <= self.block_size - 1, 'the synthesizer has block_size-1 positions'
         # each row's scores over positions 0..past+T-1 come from that row alone
         scores = a @ self.w2[:, :past + T] + self.b2[:past + T]  # (B, nh, T, past+T)
-        scores = scores.masked_fill(self.mask[:, :, past:past + T, :past + T] == 0, float('-inf'))
+        scores.masked_fill_(self.mask[:, :, past:past + T, :past + T] == 0, float('-inf'))
         att = self.attn_drop(F.softmax(scores, dim=-1))  # (B, nh, T, past+T)
         return _merge_heads(att @ v)  # (B, T, C)

@@ -4,10 +4,10 @@
 
 Pretraining: one step (forward, backward, clipping, AdamW) on the same batch of 128
 span-corruption examples of wiki.txt, with the same model:
-  plain  fp32, every row padded to 127 positions, explicit masked-softmax attention
-         (the original minGPT code path)
+  plain  fp32, every row padded to 127 positions, explicit masked-softmax attention,
+         torch's dropout (the original minGPT code path)
   ours   the Trainer's step: GPT.packed_loss (only positions that can affect the loss),
-         scaled_dot_product_attention, and the precision run.py picks (--precision auto)
+         dropout.Dropout, and the precision run.py picks (--precision auto)
 evaluate: time per birth_dev.tsv question, greedy-decoding 32 characters
   plain  one question at a time, re-running the whole prefix for every character
   ours   utils.greedy_complete: questions batched by length, key/value cache, early stop
@@ -23,10 +23,12 @@ import sys
 import time
 
 import torch
+import torch.nn as nn
 from torch.nn import functional as F
 
 import attention
 import dataset
+import dropout
 import model
 import run
 import trainer
@@ -56,46 +58,56 @@ def make_model(vocab_size, plain, synthesizer=False):
             fresh = PlainCausalSelfAttention(model.GPTConfig(vocab_size, run.BLOCK_SIZE, **run.MODEL_SIZE))
             fresh.load_state_dict(block.attn.state_dict())
             block.attn = fresh
+    if plain:
+        for parent in list(gpt.modules()):  # torch's own dropout, as the original uses
+            for name, child in parent.named_children():
+                if isinstance(child, dropout.Dropout):
+                    setattr(parent, name, nn.Dropout(child.p))
     return gpt
 
 
-def time_steps(step, n):
-    step()  # warm-up
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
+def time_steps(steps, n):
+    """Median seconds of each of the given functions, run in turn n times after a warm-up:
+    interleaving them spreads a shared machine's slow spells over all of them."""
+    for step in steps:
         step()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]  # median: robust to a noisy shared machine
+    times = [[] for _ in steps]
+    for _ in range(n):
+        for step, record in zip(steps, times):
+            start = time.perf_counter()
+            step()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            record.append(time.perf_counter() - start)
+    return [sorted(record)[n // 2] for record in times]
 
 
 def matmul_peak(dtype, device):
     a = torch.randn(4096, 1024, dtype=dtype, device=device)
     b = torch.randn(1024, 1024, dtype=dtype, device=device)
-    seconds = time_steps(lambda: a @ b, 10)
+    seconds, = time_steps([lambda: a @ b], 10)
     return 2 * 4096 * 1024 * 1024 / seconds
 
 
-def bench_pretraining(corpus, steps, synthesizer, precision, device):
+def bench_pretraining(corpus, steps_per_path, synthesizer, precision, device):
     random.seed(0)
     x, y = zip(*[corpus[i] for i in range(128)])
     x, y = torch.stack(x).to(device), torch.stack(y).to(device)  # (128, 127)
     config = trainer.TrainerConfig(**run.PHASE_SETTINGS['pretrain'], precision=precision)
-    results = {}
-    for name in ('plain', 'ours'):
-        gpt = make_model(corpus.vocab_size, name == 'plain', synthesizer)
-        t = trainer.Trainer(gpt, corpus, None, config if name == 'ours' else
-                            trainer.TrainerConfig(**run.PHASE_SETTINGS['pretrain']))
+    steps = []
+    for plain in (True, False):
+        gpt = make_model(corpus.vocab_size, plain, synthesizer)
+        t = trainer.Trainer(gpt, corpus, None, trainer.TrainerConfig(**run.PHASE_SETTINGS['pretrain'])
+                            if plain else config)
         optimizer = t.make_optimizer()
 
-        def step():
+        def step(gpt=gpt, t=t, optimizer=optimizer, plain=plain):
             with t.autocast():
-                loss = gpt(x, y)[1] if name == 'plain' else gpt.packed_loss(x, y)
+                loss = gpt(x, y)[1] if plain else gpt.packed_loss(x, y)
             t.update(optimizer, loss)
 
-        results[name] = time_steps(step, steps)
+        steps.append(step)
+    results = dict(zip(('plain', 'ours'), time_steps(steps, steps_per_path)))
     rows = model.target_lengths(y).tolist()  # positions our step computes, per row
     return results, rows
 

@@ -10,6 +10,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 import attention
+from dropout import Dropout
 
 
 class GPTConfig:
@@ -42,7 +43,7 @@ class Block(nn.Module):
             nn.Linear(config.n_embd, 4 * config.n_embd),
             nn.GELU(),
             nn.Linear(4 * config.n_embd, config.n_embd),
-            nn.Dropout(config.resid_pdrop),
+            Dropout(config.resid_pdrop),
         )
 
     def forward(self, x, packing=None, cache=None):
@@ -58,7 +59,7 @@ class GPT(nn.Module):
         super().__init__()
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.pos_emb = nn.Parameter(torch.zeros(1, config.block_size, config.n_embd))
-        self.drop = nn.Dropout(config.embd_pdrop)
+        self.drop = Dropout(config.embd_pdrop)
         self.blocks = nn.Sequential(*[Block(config) for _ in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(config.n_embd)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)

@@ -1,0 +1,45 @@
+"""nn.Dropout, with its random mask drawn about three times faster on the CPU.
+
+On the CPU, torch's dropout draws one 64-bit random number per element (through
+bernoulli_, in double precision) and keeps a float mask for the backward pass; in
+pretraining that is a third of the step. Here each 64-bit draw gives two 32-bit ones,
+and an element is dropped when its number falls in the lowest round(p * 2^32) of the
+2^32 values: dropout with probability p to within 2^-33, from torch's own generator (so
+seeds, and resumed runs, are as reproducible as before). The backward pass reuses the
+mask, kept as one byte per element. On a GPU, torch's fused dropout is used as it is.
+"""
+import numpy as np
+import torch
+import torch.nn as nn
+
+
+class Dropout(nn.Dropout):
+
+    def forward(self, x):
+        if not self.training or not 0 < self.p < 1 or x.device.type != "cpu":
+            return super().forward(x)
+        return _CpuDropout.apply(x, self.p)
+
+
+def keep_mask(shape, p):
+    """A bool tensor of the given shape: each element False with probability p."""
+    n = shape.numel()
+    seed = int(torch.randint(2**62, ()))  # from torch's generator, so torch.manual_seed rules
+    draws = np.random.SFC64(seed).random_raw((n + 1) // 2)  # 64 random bits each
+    bits = torch.from_numpy(draws.view(np.int32))[:n]  # (n,) uniform over the 2^32 int32 values
+    return (bits >= round(p * 2**32) - 2**31).view(shape)
+
+
+class _CpuDropout(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, x, p):
+        keep = keep_mask(x.shape, p)
+        ctx.save_for_backward(keep)
+        ctx.scale = 1.0 / (1.0 - p)
+        return torch.where(keep, x, 0).mul_(ctx.scale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        keep, = ctx.saved_tensors
+        return torch.where(keep, grad, 0).mul_(ctx.scale), None

@@ -45,7 +45,6 @@ class Packing:
             start += len(rows) * width
         self.index = torch.cat(index)  # (N,) where each packed position sits in the (B, T) batch
         self.slots = torch.cat(slots)  # (N,) where it sits in the groups, laid end to end
-        self.padded_size = start
 
     def select(self, x):
         """(B, T, ...) batch tensor -> (N, ...) kept positions."""
@@ -54,8 +53,8 @@ class Packing:
     def unpack(self, x):
         """(N, C) -> one zero-padded (b, width, C) tensor per group. One scatter for all
         groups: slicing x group by group would cost a full-size zero gradient per slice."""
-        padded = x.new_zeros(self.padded_size, x.size(-1)).index_copy(0, self.slots, x)
         sizes = [b * width for b, width in self.shapes]
+        padded = x.new_zeros(sum(sizes), x.size(-1)).index_copy(0, self.slots, x)
         return [part.view(b, width, -1) for part, (b, width) in zip(padded.split(sizes), self.shapes)]
 
     def repack(self, padded):
@@ -121,8 +120,8 @@ class CausalSelfAttention(nn.Module):
         T, past = q.size(2), k.size(2) - q.size(2)
         if self.training and q.device.type == 'cpu':
             # written out: on CPU, scaled_dot_product_attention has no fused kernel with
-            # dropout, and this measures faster than its fallback
-            # scaled and masked in place: the scores are the biggest tensor of the step
+            # dropout, and this measures faster than its fallback; scaled and masked in
+            # place, as the scores are the biggest tensor of the step
             att = (q @ k.transpose(-2, -1)).mul_(1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, past+T)
             att.masked_fill_(self.mask[:, :, past:past + T, :past + T] == 0, float('-inf'))
             y = self.attn_drop(F.softmax(att, dim=-1)) @ v  # (B, nh, T, hs)

@@ -52,10 +52,11 @@ class PlainCausalSelfAttention(attention.CausalSelfAttention):
 
 def make_model(vocab_size, plain, synthesizer=False):
     torch.manual_seed(0)
-    gpt = model.GPT(model.GPTConfig(vocab_size, run.BLOCK_SIZE, synthesizer=synthesizer, **run.MODEL_SIZE))
+    config = model.GPTConfig(vocab_size, run.BLOCK_SIZE, synthesizer=synthesizer, **run.MODEL_SIZE)
+    gpt = model.GPT(config)
     if plain and not synthesizer:
         for block in gpt.blocks:
-            fresh = PlainCausalSelfAttention(model.GPTConfig(vocab_size, run.BLOCK_SIZE, **run.MODEL_SIZE))
+            fresh = PlainCausalSelfAttention(config)
             fresh.load_state_dict(block.attn.state_dict())
             block.attn = fresh
     if plain:
@@ -93,12 +94,11 @@ def bench_pretraining(corpus, steps_per_path, synthesizer, precision, device):
     random.seed(0)
     x, y = zip(*[corpus[i] for i in range(128)])
     x, y = torch.stack(x).to(device), torch.stack(y).to(device)  # (128, 127)
-    config = trainer.TrainerConfig(**run.PHASE_SETTINGS['pretrain'], precision=precision)
     steps = []
     for plain in (True, False):
         gpt = make_model(corpus.vocab_size, plain, synthesizer)
-        t = trainer.Trainer(gpt, corpus, None, trainer.TrainerConfig(**run.PHASE_SETTINGS['pretrain'])
-                            if plain else config)
+        config = trainer.TrainerConfig(**run.PHASE_SETTINGS['pretrain'], precision='fp32' if plain else precision)
+        t = trainer.Trainer(gpt, corpus, None, config)
         optimizer = t.make_optimizer()
 
         def step(gpt=gpt, t=t, optimizer=optimizer, plain=plain):

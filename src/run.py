@@ -11,6 +11,7 @@ also looked for in data/. Each phase is a plain function of the parsed arguments
 everything that can be checked is checked before any training starts.
 """
 import argparse
+import functools
 import os
 import shlex
 import sys
@@ -299,12 +300,16 @@ def load_params(path, variant, vocab_size, corpus_path):
     if embedding.dim() == 2 and embedding.size(0) != vocab_size:
         raise utils.UserError(f"--reading_params_path {path}: made for a vocabulary of {embedding.size(0)} "
                               f"symbols, but {corpus_path} gives {vocab_size}")
-    config = model.GPTConfig(vocab_size, BLOCK_SIZE, synthesizer=variant == 'synthesizer', **MODEL_SIZE)
-    with torch.device('meta'):  # shapes only: no memory, and the seeded random state stays untouched
-        expected = model.GPT(config).state_dict()
-    utils.check_state_dict(state, expected, where, f"a {variant} model with {MODEL_SIZE} and block "
-                                                   f"size {BLOCK_SIZE}")
+    utils.check_state_dict(state, state_shapes(variant, vocab_size), where,
+                           f"a {variant} model with {MODEL_SIZE} and block size {BLOCK_SIZE}")
     return state
+
+
+@functools.lru_cache  # check_args and the phase both load the params
+def state_shapes(variant, vocab_size):
+    config = model.GPTConfig(vocab_size, BLOCK_SIZE, synthesizer=variant == 'synthesizer', **MODEL_SIZE)
+    with torch.random.fork_rng(devices=[]):  # its initialization must not move the seeded random state
+        return {name: tensor.shape for name, tensor in model.GPT(config).state_dict().items()}
 
 
 def check_writable(path, flag):

@@ -276,7 +276,8 @@ class Trainer:
         if not (0 <= state['epoch'] <= config.max_epochs and 0 <= state['step'] <= steps_per_epoch):
             raise utils.UserError(f"{where}: damaged (epoch {state['epoch']}, step {state['step']} "
                                   f"do not exist in this run)")
-        utils.check_state_dict(state['model'], self.model.state_dict(), where, "this run's model")
+        shapes = {name: tensor.shape for name, tensor in self.model.state_dict().items()}
+        utils.check_state_dict(state['model'], shapes, where, "this run's model")
         try:
             optimizer.load_state_dict(state['optimizer'])
             for group in optimizer.param_groups:

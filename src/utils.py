@@ -128,23 +128,25 @@ def check_tensor_dict(state, where):
             raise UserError(f"{where}: {name!r} is a {type(value).__name__}, not a tensor")
 
 
-def check_state_dict(state, expected, where, model_name):
-    """`state` must have exactly the names and shapes of `expected` (a state_dict of the model
-    it is for) and finite values. Non-finite weights are refused rather than warned about:
-    every output they reach is nan, so evaluation would print garbage and training would
-    stop at its first logged loss; and our trainer never saves them (it stops on a
+def check_state_dict(state, shapes, where, model_name):
+    """`state` must have exactly the names and shapes in `shapes` ({name: torch.Size}, of the
+    model it is for) and finite values. Non-finite weights are refused rather than warned
+    about: every output they reach is nan, so evaluation would print garbage and training
+    would stop at its first logged loss; and our trainer never saves them (it stops on a
     non-finite loss and saves nothing after it), so such a file is broken."""
     check_tensor_dict(state, where)
-    for name, tensor in expected.items():
+    for name, shape in shapes.items():
         if name not in state:
             raise UserError(f"{where}: does not fit {model_name} (no {name!r})")
-        if state[name].shape != tensor.shape:
+        if state[name].shape != shape:
             raise UserError(f"{where}: does not fit {model_name} ({name!r} has shape "
-                            f"{tuple(state[name].shape)}, expected {tuple(tensor.shape)})")
+                            f"{tuple(state[name].shape)}, expected {tuple(shape)})")
     for name, tensor in state.items():
-        if name not in expected:
+        if name not in shapes:
             raise UserError(f"{where}: does not fit {model_name} (unexpected {name!r})")
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+        # any inf or nan makes the sum inf or nan (a sum far cheaper than isfinite on the CPU);
+        # a sum of finite values that overflows is checked element by element
+        if tensor.is_floating_point() and not torch.isfinite(tensor.sum()) and not torch.isfinite(tensor).all():
             bad = tensor.numel() - int(torch.isfinite(tensor).sum())
             raise UserError(f"{where}: {name!r} has {bad} non-finite value(s) (inf or nan), which "
                             f"turn every output they reach into nan")

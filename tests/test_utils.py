@@ -1,4 +1,4 @@
-"""File helpers: atomic saves, UTF-8 reading, data/ lookup."""
+"""File helpers: atomic saves, UTF-8 reading, data/ lookup, state_dict checks."""
 import pytest
 import torch
 

@@ -122,8 +122,8 @@ def model_flops(kept_positions, rows, n_embd=256, n_layer=4, vocab=256):
 
 def bench_evaluate(corpus, params, n_plain, device, synthesizer):
     gpt = make_model(corpus.vocab_size, plain=False, synthesizer=synthesizer)
-    if params:
-        gpt.load_state_dict(run.load_params(params))
+    if params is not None:
+        gpt.load_state_dict(params)
     gpt.to(device).eval()
     questions = utils.read_lines('birth_dev.tsv')
     prompts = [run.encode_question(q.split('\t')[0], corpus).ids for q in questions]
@@ -155,6 +155,7 @@ def main():
     synthesizer = args.variant == 'synthesizer'
     try:
         corpus = dataset.CharCorruptionDataset(utils.read_text('wiki.txt'), run.BLOCK_SIZE)
+        params = run.load_params(args.params, args.variant, corpus.vocab_size, 'wiki.txt') if args.params else None
     except utils.UserError as e:
         sys.exit(f"error: {e}")
     name = torch.cuda.get_device_name() if device == 'cuda' else platform.processor() or platform.machine()
@@ -176,7 +177,7 @@ def main():
     print(f"  model FLOP/s (ours): {flops / ours / 1e9:.0f} GFLOP/s = {flops / ours / peak:.0%} of this "
           f"machine's {precision} matmul peak ({peak / 1e9:.0f} GFLOP/s)")
 
-    plain, ours, n = bench_evaluate(corpus, args.params, args.questions, device, synthesizer)
+    plain, ours, n = bench_evaluate(corpus, params, args.questions, device, synthesizer)
     print(f"evaluate (birth_dev.tsv, 32 characters per question{'' if args.params else ', untrained model'}):")
     print(f"  plain: {plain * 1000:8.1f} ms/question (first {args.questions})")
     print(f"  ours:  {ours * 1000:8.1f} ms/question (all {n})   {plain / ours:.1f}x faster")

@@ -11,6 +11,7 @@ also looked for in data/. Each phase is a plain function of the parsed arguments
 everything that can be checked is checked before any training starts.
 """
 import argparse
+import functools
 import os
 import shlex
 import sys
@@ -88,7 +89,8 @@ def finetune(args):
     gpt = build_model(args, pretrain_dataset)
     phase = 'finetune'
     if args.reading_params_path:
-        gpt.load_state_dict(load_params(args.reading_params_path))
+        gpt.load_state_dict(load_params(args.reading_params_path, args.variant, pretrain_dataset.vocab_size,
+                                        args.pretrain_corpus_path))
         phase = 'finetune from pretrained'
     names = dataset.NameDataset(pretrain_dataset, utils.read_text(args.finetune_corpus_path))
     train(args, phase, gpt, names, pretrain_dataset)
@@ -99,7 +101,8 @@ def evaluate(args):
     prints the accuracy when the file has gold places. Returns (total, correct)."""
     pretrain_dataset = load_pretrain_dataset(args)
     gpt = build_model(args, pretrain_dataset)
-    gpt.load_state_dict(load_params(args.reading_params_path))
+    gpt.load_state_dict(load_params(args.reading_params_path, args.variant, pretrain_dataset.vocab_size,
+                                    args.pretrain_corpus_path))
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
     gpt.to(device)
 
@@ -133,10 +136,6 @@ def build_model(args, pretrain_dataset):
     config = model.GPTConfig(pretrain_dataset.vocab_size, pretrain_dataset.block_size,
                              synthesizer=args.variant == 'synthesizer', **MODEL_SIZE)
     return model.GPT(config)
-
-
-def load_params(path):
-    return torch.load(path, map_location='cpu', weights_only=True)
 
 
 def train(args, phase, gpt, train_dataset, pretrain_dataset):
@@ -241,7 +240,7 @@ def check_args(args):
     if args.function == 'evaluate':
         check_tsv(args.eval_corpus_path, vocab, training=False)
     if args.reading_params_path:
-        check_params(args.reading_params_path, args.variant, len(vocab) + 2, args.pretrain_corpus_path)
+        load_params(args.reading_params_path, args.variant, len(vocab) + 2, args.pretrain_corpus_path)
     output = 'outputs_path' if args.function == 'evaluate' else 'writing_params_path'
     check_writable(getattr(args, output), output)
     if args.resume and not os.path.exists(args.writing_params_path + '.resume'):
@@ -275,34 +274,42 @@ def check_tsv(path, vocab, training):
                                       f"at most {BLOCK_SIZE - 2} fit in the block")
 
 
-def check_params(path, variant, vocab_size, corpus_path):
-    """The params must be a state_dict of this variant at this size and vocabulary."""
-    try:
-        state = torch.load(path, map_location='cpu', weights_only=False)
-    except FileNotFoundError:
-        raise utils.UserError(f"--reading_params_path {path}: no such file")
-    except Exception as e:
-        raise utils.UserError(f"--reading_params_path {path}: not a .params file ({type(e).__name__})")
+# For a params file refused for holding objects: keep its tensors only (of a pickled model, its state_dict's)
+KEEP_TENSORS = '{k: v for k, v in getattr(s, "state_dict", lambda: s)().items() if torch.is_tensor(v)}'
+
+
+def load_params(path, variant, vocab_size, corpus_path):
+    """The state_dict in `path`, loaded without running anything in the file (tensors and
+    plain values only) and checked to be a `variant` model of MODEL_SIZE for the vocabulary
+    of corpus_path (vocab_size symbols). Any problem is one UserError line."""
+    where = f"--reading_params_path {path}"
+    if_trusted = (f"If you trust the file, keep only its tensors, in {path}.tensors, with: "
+                  + utils.convert_command(KEEP_TENSORS, path, path + '.tensors'))
+    state = utils.load_weights_only(path, where, '.params file', if_trusted)
     if isinstance(state, dict) and 'optimizer' in state and 'model' in state:
         raise utils.UserError(f"--reading_params_path {path}: this is an interrupted run's resumable "
                               f"state; continue that run with --resume")
-    if not isinstance(state, dict) or 'tok_emb.weight' not in state:
+    utils.check_tensor_dict(state, where)
+    if 'tok_emb.weight' not in state:
         raise utils.UserError(f"--reading_params_path {path}: not a GPT state_dict")
     found = 'synthesizer' if 'blocks.0.attn.w1.weight' in state else 'vanilla'
     if found != variant:
         raise utils.UserError(f"--reading_params_path {path}: holds a {found} model, but the variant "
                               f"is {variant}")
-    params_vocab, n_embd = state['tok_emb.weight'].shape
-    if params_vocab != vocab_size:
-        raise utils.UserError(f"--reading_params_path {path}: made for a vocabulary of {params_vocab} "
+    embedding = state['tok_emb.weight']  # (vocab_size, n_embd) when it has the right shape
+    if embedding.dim() == 2 and embedding.size(0) != vocab_size:
+        raise utils.UserError(f"--reading_params_path {path}: made for a vocabulary of {embedding.size(0)} "
                               f"symbols, but {corpus_path} gives {vocab_size}")
-    expected = model.GPT(model.GPTConfig(vocab_size, BLOCK_SIZE, synthesizer=variant == 'synthesizer',
-                                         **MODEL_SIZE)).state_dict()
-    wrong = [k for k in expected if k not in state or state[k].shape != expected[k].shape]
-    wrong += [k for k in state if k not in expected]
-    if wrong:
-        raise utils.UserError(f"--reading_params_path {path}: does not fit a {variant} model with "
-                              f"{MODEL_SIZE} and block size {BLOCK_SIZE} (first mismatch: {wrong[0]})")
+    utils.check_state_dict(state, state_shapes(variant, vocab_size), where,
+                           f"a {variant} model with {MODEL_SIZE} and block size {BLOCK_SIZE}")
+    return state
+
+
+@functools.lru_cache  # check_args and the phase both load the params
+def state_shapes(variant, vocab_size):
+    config = model.GPTConfig(vocab_size, BLOCK_SIZE, synthesizer=variant == 'synthesizer', **MODEL_SIZE)
+    with torch.random.fork_rng(devices=[]):  # its initialization must not move the seeded random state
+        return {name: tensor.shape for name, tensor in model.GPT(config).state_dict().items()}
 
 
 def check_writable(path, flag):

@@ -54,6 +54,15 @@ class TrainerConfig:
 RESUME_KEYS = ('max_epochs', 'batch_size', 'learning_rate', 'betas', 'grad_norm_clip',
                'weight_decay', 'lr_decay', 'warmup_tokens', 'final_tokens', 'precision')
 
+# What a resumable state holds, and the type of each part: tensors and plain Python values
+# only, so that it loads with weights_only=True (and so cannot run code).
+RESUME_STATE = {'model': dict, 'optimizer': dict, 'epoch': int, 'step': int, 'tokens': int,
+                'elapsed': (int, float), 'config': dict, 'dataset_len': int, 'python_rng': tuple,
+                'numpy_rng': tuple, 'torch_rng': torch.Tensor, 'cuda_rng': list}
+# For a state refused for holding objects: states saved before RESUME_STATE kept numpy's
+# random state as an ndarray; this turns it into plain numbers.
+NUMPY_STATE_AS_LISTS = '{**s, "numpy_rng": tuple(getattr(x, "tolist", lambda: x)() for x in s["numpy_rng"])}'
+
 
 class TrainingInterrupted(Exception):
     """Ctrl-C or SIGTERM stopped training after its resumable state was saved."""
@@ -236,35 +245,58 @@ class Trainer:
             'config': {k: getattr(config, k) for k in RESUME_KEYS},
             'dataset_len': len(self.train_dataset),
             'python_rng': random.getstate(),
-            'numpy_rng': np.random.get_state(),
+            'numpy_rng': numpy_rng_state(),
             'torch_rng': torch.get_rng_state(),
             'cuda_rng': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         }
         utils.atomic_save(state, config.resume_path)
 
     def load_resume_state(self, optimizer):
+        """Restore what save_resume_state saved, after checking that it is this run's state:
+        anything else is one UserError line, before any step."""
         config = self.config
-        try:
-            state = torch.load(config.resume_path, map_location='cpu', weights_only=False)
-        except FileNotFoundError:
-            raise utils.UserError(f"--resume: no saved state at {config.resume_path}")
-        except Exception as e:
-            raise utils.UserError(f"--resume: {config.resume_path} is not a resumable state ({e})")
-        differ = [k for k in RESUME_KEYS if state['config'][k] != getattr(config, k)]
+        where = f"--resume: {config.resume_path}"
+        if_trusted = ("If you trust the file (an earlier version of this code wrote it), convert it "
+                      "in place with: " + utils.convert_command(NUMPY_STATE_AS_LISTS, config.resume_path,
+                                                                config.resume_path))
+        state = utils.load_weights_only(config.resume_path, where, 'resumable state', if_trusted)
+        if not isinstance(state, dict):
+            raise utils.UserError(f"{where}: not a resumable state (it holds a {type(state).__name__})")
+        for key, kind in RESUME_STATE.items():
+            if not isinstance(state.get(key), kind):
+                found = 'nothing' if key not in state else f"a {type(state[key]).__name__}"
+                raise utils.UserError(f"{where}: not a resumable state ({key!r} is {found})")
+        differ = [k for k in RESUME_KEYS if state['config'].get(k) != getattr(config, k)]
         if state['dataset_len'] != len(self.train_dataset):
             differ.append('dataset')
         if differ:
-            raise utils.UserError(f"--resume: {config.resume_path} was saved by a run with other "
+            raise utils.UserError(f"{where} was saved by a run with other "
                                   f"settings ({', '.join(differ)}); run the same command again")
+        steps_per_epoch = math.ceil(len(self.train_dataset) / config.batch_size)
+        if not (0 <= state['epoch'] <= config.max_epochs and 0 <= state['step'] <= steps_per_epoch):
+            raise utils.UserError(f"{where}: damaged (epoch {state['epoch']}, step {state['step']} "
+                                  f"do not exist in this run)")
+        shapes = {name: tensor.shape for name, tensor in self.model.state_dict().items()}
+        utils.check_state_dict(state['model'], shapes, where, "this run's model")
+        try:
+            optimizer.load_state_dict(state['optimizer'])
+            for group in optimizer.param_groups:
+                for p in group['params']:
+                    for name, value in optimizer.state[p].items():
+                        if torch.is_tensor(value) and value.dim() and value.shape != p.shape:
+                            raise ValueError(f"optimizer {name} of shape {tuple(value.shape)} for a "
+                                             f"parameter of shape {tuple(p.shape)}")
+            random.setstate(state['python_rng'])
+            np.random.set_state(state['numpy_rng'])
+            torch.set_rng_state(state['torch_rng'])
+            if state['cuda_rng'] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(state['cuda_rng'])
+        except (ValueError, TypeError, RuntimeError, KeyError, IndexError, AttributeError, OverflowError) as e:
+            detail = str(e).strip().split('\n')[0] or type(e).__name__
+            raise utils.UserError(f"{where}: damaged ({detail})")
         self.model.load_state_dict(state['model'])
-        optimizer.load_state_dict(state['optimizer'])
         self.tokens, self.elapsed = state['tokens'], state['elapsed']
         self.resumed_elapsed = self.elapsed
-        random.setstate(state['python_rng'])
-        np.random.set_state(state['numpy_rng'])
-        torch.set_rng_state(state['torch_rng'])
-        if state['cuda_rng'] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state['cuda_rng'])
         print(f"resuming from {config.resume_path}: epoch {state['epoch'] + 1}, step {state['step']}")
         return state['epoch'], state['step']
 
@@ -305,6 +337,13 @@ class MetricsLog:
     def close(self):
         if self.file:
             self.file.close()
+
+
+def numpy_rng_state():
+    """numpy's global random state as plain values: the legacy tuple with its key array as a
+    list of ints (np.random.set_state takes either)."""
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    return name, keys.tolist(), pos, has_gauss, cached_gaussian
 
 
 def cpu_state_dict(model):

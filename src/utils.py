@@ -1,7 +1,10 @@
-"""Helpers shared by the scripts: seeding, reading input files, saving files safely,
-greedy decoding (the plain reference and the fast batched one) and scoring."""
+"""Helpers shared by the scripts: seeding, reading input files, saving and loading files
+safely, greedy decoding (the plain reference and the fast batched one) and scoring."""
 import os
+import pickle
 import random
+import re
+import shlex
 import tempfile
 from pathlib import Path
 
@@ -79,6 +82,74 @@ def atomic_write(path, write):
 
 def atomic_save(obj, path):
     atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def load_weights_only(path, where, kind, if_trusted):
+    """torch.load(path) with weights_only=True: only tensors and plain Python values (dicts,
+    lists, tuples, numbers, strings) are rebuilt, so nothing in the file can run code, which
+    any pickled object or function could. A file that needs more is refused with one line
+    naming what it holds, followed by `if_trusted` (how a user who trusts it converts it).
+    Other problems are one line too; `where` starts each line, `kind` names the file type."""
+    try:
+        return torch.load(path, map_location='cpu', weights_only=True)
+    except FileNotFoundError:
+        raise UserError(f"{where}: no such file")
+    except IsADirectoryError:
+        raise UserError(f"{where}: is a directory")
+    except OSError as e:
+        raise UserError(f"{where}: cannot read: {e.strerror}")
+    except EOFError:
+        raise UserError(f"{where}: not a {kind} (the file is empty or cut short)")
+    except Exception as e:
+        # torch's own test for a refused class or function (a pickle GLOBAL), as in its message
+        found = isinstance(e, pickle.UnpicklingError) and re.search(r'GLOBAL (\S+)', str(e))
+        if found:
+            raise UserError(f"{where}: refused: it holds code or objects ({found.group(1)}), which "
+                            f"are never loaded because loading them can run code; only tensors and "
+                            f"plain values are. {if_trusted}")
+        raise UserError(f"{where}: not a {kind}, or a damaged one (torch.load: {type(e).__name__})")
+
+
+def convert_command(expression, source, target):
+    """A shell command that loads `source` in full (objects included: only for trusted files)
+    and saves `expression`, a Python expression of the loaded object s, to `target`."""
+    code = f"import sys, torch; s = torch.load(sys.argv[1], weights_only=False); torch.save({expression}, sys.argv[2])"
+    return f"python -c {shlex.quote(code)} {shlex.quote(str(source))} {shlex.quote(str(target))}"
+
+
+def check_tensor_dict(state, where):
+    """`state` must be a non-empty dict whose values are all tensors."""
+    if not isinstance(state, dict):
+        raise UserError(f"{where}: holds a {type(state).__name__}, not a state_dict (a dict of named tensors)")
+    if not state:
+        raise UserError(f"{where}: the state_dict is empty")
+    for name, value in state.items():
+        if not torch.is_tensor(value):
+            raise UserError(f"{where}: {name!r} is a {type(value).__name__}, not a tensor")
+
+
+def check_state_dict(state, shapes, where, model_name):
+    """`state` must have exactly the names and shapes in `shapes` ({name: torch.Size}, of the
+    model it is for) and finite values. Non-finite weights are refused rather than warned
+    about: every output they reach is nan, so evaluation would print garbage and training
+    would stop at its first logged loss; and our trainer never saves them (it stops on a
+    non-finite loss and saves nothing after it), so such a file is broken."""
+    check_tensor_dict(state, where)
+    for name, shape in shapes.items():
+        if name not in state:
+            raise UserError(f"{where}: does not fit {model_name} (no {name!r})")
+        if state[name].shape != shape:
+            raise UserError(f"{where}: does not fit {model_name} ({name!r} has shape "
+                            f"{tuple(state[name].shape)}, expected {tuple(shape)})")
+    for name, tensor in state.items():
+        if name not in shapes:
+            raise UserError(f"{where}: does not fit {model_name} (unexpected {name!r})")
+        # any inf or nan makes the sum inf or nan (a sum far cheaper than isfinite on the CPU);
+        # a sum of finite values that overflows is checked element by element
+        if tensor.is_floating_point() and not torch.isfinite(tensor.sum()) and not torch.isfinite(tensor).all():
+            bad = tensor.numel() - int(torch.isfinite(tensor).sum())
+            raise UserError(f"{where}: {name!r} has {bad} non-finite value(s) (inf or nan), which "
+                            f"turn every output they reach into nan")
 
 
 # --- Decoding ----------------------------------------------------------------------------

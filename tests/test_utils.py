@@ -1,4 +1,4 @@
-"""File helpers: atomic saves, UTF-8 reading, data/ lookup."""
+"""File helpers: atomic saves, UTF-8 reading, data/ lookup, state_dict checks."""
 import pytest
 import torch
 
@@ -39,3 +39,13 @@ def test_bare_names_are_found_in_data(tmp_path, monkeypatch):
     (tmp_path / 'corpus.txt').write_text('here\n')
     assert utils.find_data_file('corpus.txt') == 'corpus.txt'  # the current directory wins
     assert utils.find_data_file('sub/corpus.txt') == 'sub/corpus.txt'  # paths are taken as given
+
+
+def test_check_state_dict_finds_every_non_finite_value_and_only_those():
+    expected = {'w': torch.Size([4])}
+    utils.check_state_dict({'w': torch.tensor([3e38, 3e38, -1.0, 0.0])}, expected, 'f', 'm')  # sum overflows
+    utils.check_state_dict({'w': torch.tensor([1, 2, 3, 4])}, expected, 'f', 'm')  # integers are always finite
+    for values, bad in (([float('inf'), float('-inf'), 0, 0], 2), ([0, float('nan'), 0, 0], 1),
+                        ([3e38, 3e38, float('nan'), 0], 1)):
+        with pytest.raises(utils.UserError, match=rf"^f: 'w' has {bad} non-finite value"):
+            utils.check_state_dict({'w': torch.tensor(values)}, expected, 'f', 'm')

@@ -176,8 +176,9 @@ class GPT(nn.Module):
         x = self.drop(self.embed(idx, past))  # (B, T, C)
         if self.perceiver:
             x = self.perceive(x)
-        for i, block in enumerate([] if self.perceiver else self.blocks):
-            x = block(x, cache=None if cache is None else cache[i])
+        else:
+            for i, block in enumerate(self.blocks):
+                x = block(x, cache=None if cache is None else cache[i])
         logits = self.head(self.ln_f(x))  # (B, T, vocab)
         loss = None
         if targets is not None:

@@ -146,12 +146,12 @@ def test_self_attention_matches_float64_equations_at_every_length(variant):
             torch.testing.assert_close(att(x[:, :T]).double(), expected, atol=1e-4, rtol=1e-4)
     p = probs[-1]  # (B, T, T) at T = 127
     assert (p.amax(dim=-1) > 0.5).float().mean() > 0.5, 'attention should be sharp here'
-    if variant == 'rope':  # the test can tell a wrong theta (the starter docstring's sign)
-        wrong = att.rope_cache.clone()
-        att.rope_cache.copy_(attention.precompute_rotary_emb(32 // 4, BLOCK) * torch.tensor([1.0, -1.0]))
+    if variant == 'rope':  # the comparison can tell a wrong theta: the starter docstring's sign
+        angles = torch.arange(BLOCK)[:, None] * 10000.0 ** (torch.arange(0, 8, 2) / 8)[None, :]  # (T, hs/2)
+        att.rope_cache.copy_(torch.stack((angles.cos(), angles.sin()), dim=-1))
         with torch.no_grad():
-            assert not torch.allclose(att(x), attend(state, 'attn', x.double(), x.double(), 4, True).float(), atol=1e-2)
-        att.rope_cache.copy_(wrong)
+            assert not torch.allclose(att(x).double(), attend(state, 'attn', x.double(), x.double(), 4, True),
+                                      atol=1e-2)
 
 
 # --- The perceiver ---------------------------------------------------------------------------

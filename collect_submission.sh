@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
-# Packs src/ and the assignment's nine results into assignment5.zip, for Gradescope.
-# Run from the repo root after the handout's commands have produced the results.
+# Packs src/ and the assignment's results for Gradescope, for the handout edition given
+# (default 2021). Run from the repo root after the handout's commands have produced them.
+#   bash collect_submission.sh         2021: assignment5.zip, vanilla and synthesizer
+#   bash collect_submission.sh 2023    assignment5.zip, vanilla and perceiver
+#   bash collect_submission.sh 2024    assignment4_submission.zip, vanilla and rope, and
+#                                      london_baseline_accuracy.txt (python london_baseline.py); 2025 the same
 set -euo pipefail
 cd "$(dirname "$0")"
+
+edition="${1:-2021}"
+case "$edition" in
+    2021) variant=synthesizer; zipfile=assignment5.zip; extra=() ;;
+    2023) variant=perceiver; zipfile=assignment5.zip; extra=() ;;
+    2024|2025) variant=rope; zipfile=assignment4_submission.zip; extra=(london_baseline_accuracy.txt) ;;
+    *) echo "error: unknown edition '$edition' (2021, 2023, 2024 or 2025)" >&2; exit 2 ;;
+esac
 
 results=(
     vanilla.model.params vanilla.nopretrain.dev.predictions vanilla.nopretrain.test.predictions
     vanilla.finetune.params vanilla.pretrain.dev.predictions vanilla.pretrain.test.predictions
-    synthesizer.finetune.params synthesizer.pretrain.dev.predictions synthesizer.pretrain.test.predictions
+    "$variant.finetune.params" "$variant.pretrain.dev.predictions" "$variant.pretrain.test.predictions"
+    ${extra[@]+"${extra[@]}"}
 )
 for f in "${results[@]}"; do
     if [ ! -f "$f" ]; then
@@ -16,6 +29,6 @@ for f in "${results[@]}"; do
     fi
 done
 
-rm -f assignment5.zip
-zip -q -r assignment5.zip src/ "${results[@]}" -x '*__pycache__*' '*.pyc'
-echo "wrote assignment5.zip: src/ and ${#results[@]} results"
+rm -f "$zipfile"
+zip -q -r "$zipfile" src/ "${results[@]}" -x '*__pycache__*' '*.pyc'
+echo "wrote $zipfile: src/ and ${#results[@]} results"

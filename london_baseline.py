@@ -1,6 +1,9 @@
 """The London baseline: the dev accuracy of predicting "London" as everyone's birth place.
 
     python london_baseline.py [birth_dev.tsv]
+
+Prints the accuracy line and, as the 2024/25 editions ask, writes the accuracy (0-100)
+to london_baseline_accuracy.txt in the current folder.
 """
 import sys
 from pathlib import Path
@@ -8,10 +11,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent / 'src'))
 import utils  # noqa: E402
 
+ACCURACY_FILE = 'london_baseline_accuracy.txt'
+
 
 def london_baseline(eval_corpus_path='birth_dev.tsv'):
     """(total, correct) when every prediction is "London"."""
     return utils.evaluate_places(eval_corpus_path, ['London'] * len(utils.read_lines(eval_corpus_path)))
+
+
+def write_accuracy(total, correct, path=ACCURACY_FILE):
+    utils.atomic_write(path, lambda f: f.write(f"{correct / total * 100}\n".encode('utf-8')))
 
 
 if __name__ == '__main__':
@@ -23,3 +32,4 @@ if __name__ == '__main__':
     if total == 0:
         sys.exit(f"error: {path} has no gold places to compare with")
     print('Correct: {} out of {}: {}%'.format(correct, total, correct / total * 100))
+    write_accuracy(total, correct)

@@ -1,9 +1,12 @@
-"""The two attention variants that plug into the GPT of model.py.
+"""The attention variants that plug into the GPT of model.py.
 
 CausalSelfAttention is handout eq. 9-10 (through torch's scaled_dot_product_attention
-where that is fastest);
+where that is fastest); with config.rope (2024/25 editions) it rotates queries and keys
+by their positions (precompute_rotary_emb, apply_rotary_emb).
 SynthesizerAttention is handout eq. 11, where the scores of each position come from that
 position alone instead of from pairs of positions.
+CausalCrossAttention (2023 edition, the perceiver) takes keys/values from one sequence and
+queries from another; model.py's DownProjectBlock and UpProjectBlock are built on it.
 
 Both take, besides x, two optional helpers for speed that never change the result:
   packing  x holds only the positions that matter, as (N, C) rows (see Packing);
@@ -90,6 +93,29 @@ def _attend_in_groups(attend, packing, *inputs):
     return packing.repack([attend(*group) for group in groups])
 
 
+def precompute_rotary_emb(dim, max_positions):
+    """RoPE's rotations for head size `dim`: a (max_positions, dim/2, 2) tensor holding
+    (cos(t theta_i), sin(t theta_i)) for position t and pair i, theta_i = 10000^(-2(i-1)/d)
+    for i = 1..d/2 (the 2024 handout's formula; the starter's docstring has the sign wrong)."""
+    theta = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,)
+    angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * theta[None, :]  # (T, dim/2)
+    return torch.stack((angles.cos(), angles.sin()), dim=-1).float()  # (T, dim/2, 2)
+
+
+def apply_rotary_emb(x, rope_cache):
+    """Rotates each adjacent pair (x_{2i-1}, x_{2i}) of x (B, nh, T, hs) at position t by
+    t theta_i, using the first T rows of rope_cache: the complex product
+    (x_{2i-1} + i x_{2i}) e^{i t theta_i}. Callers slice the cache to start at the first
+    position's absolute index (see CausalSelfAttention.attend)."""
+    T = x.size(-2)
+    dtype = torch.promote_types(x.dtype, torch.float32)  # rotate bf16 (autocast) q, k in fp32
+    cos, sin = rope_cache[:T, :, 0].to(dtype), rope_cache[:T, :, 1].to(dtype)  # (T, hs/2)
+    pairs = x.to(dtype).unflatten(-1, (-1, 2))  # (B, nh, T, hs/2, 2)
+    real, imag = pairs[..., 0], pairs[..., 1]  # (B, nh, T, hs/2)
+    rotated = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1)  # (B, nh, T, hs/2, 2)
+    return rotated.flatten(-2).type_as(x)  # (B, nh, T, hs)
+
+
 class CausalSelfAttention(nn.Module):
     """A vanilla multi-head masked self-attention layer with a projection at the end."""
 
@@ -106,6 +132,11 @@ class CausalSelfAttention(nn.Module):
         self.register_buffer("mask", torch.tril(torch.ones(config.block_size, config.block_size))
                              .view(1, 1, config.block_size, config.block_size))
         self.n_head = config.n_head
+        self.rope = getattr(config, 'rope', False)
+        if self.rope:
+            # kept in the state_dict under the 2024 starter's name, as the mask is
+            self.register_buffer("rope_cache", precompute_rotary_emb(config.n_embd // config.n_head,
+                                                                     config.block_size))
 
     def forward(self, x, packing=None, cache=None):
         q, k, v = self.query(x), self.key(x), self.value(x)  # (B, T, C), or packed (N, C)
@@ -114,8 +145,14 @@ class CausalSelfAttention(nn.Module):
 
     def attend(self, q, k, v, cache=None):
         """softmax(q k^T / sqrt(hs), causal) v per head, with attention dropout: (B, T, C)."""
-        q = _split_heads(q, self.n_head)  # (B, nh, T, hs)
-        k = _extend(cache, 'k', _split_heads(k, self.n_head))  # (B, nh, past+T, hs)
+        q, k = _split_heads(q, self.n_head), _split_heads(k, self.n_head)  # (B, nh, T, hs)
+        if self.rope:
+            # absolute positions: new keys are rotated once, at their own positions, before
+            # joining the cached ones (padded groups of packed rows all start at position 0)
+            past = cache['k'].size(2) if cache and 'k' in cache else 0
+            q = apply_rotary_emb(q, self.rope_cache[past:])  # (B, nh, T, hs)
+            k = apply_rotary_emb(k, self.rope_cache[past:])  # (B, nh, T, hs)
+        k = _extend(cache, 'k', k)  # (B, nh, past+T, hs)
         v = _extend(cache, 'v', _split_heads(v, self.n_head))  # (B, nh, past+T, hs)
         T, past = q.size(2), k.size(2) - q.size(2)
         if self.training and q.device.type == 'cpu':
@@ -171,3 +208,38 @@ class SynthesizerAttention(nn.Module):
         scores.masked_fill_(self.mask[:, :, past:past + T, :past + T] == 0, float('-inf'))
         att = self.attn_drop(F.softmax(scores, dim=-1))  # (B, nh, T, past+T)
         return _merge_heads(att @ v)  # (B, T, C)
+
+
+class CausalCrossAttention(nn.Module):
+    """Multi-head attention of the queries x_q (B, Tq, C) over the keys and values x_kv
+    (B, Tk, C), with a projection at the end (the 2023 edition's perceiver). The causal
+    mask is the block_size one cut to [:Tq, :Tk]: query i sees x_kv's positions 0..i."""
+
+    def __init__(self, config):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        self.key = nn.Linear(config.n_embd, config.n_embd)
+        self.query = nn.Linear(config.n_embd, config.n_embd)
+        self.value = nn.Linear(config.n_embd, config.n_embd)
+        self.attn_drop = Dropout(config.attn_pdrop)
+        self.resid_drop = Dropout(config.resid_pdrop)
+        self.proj = nn.Linear(config.n_embd, config.n_embd)
+        self.register_buffer("mask", torch.tril(torch.ones(config.block_size, config.block_size))
+                             .view(1, 1, config.block_size, config.block_size))
+        self.n_head = config.n_head
+
+    def forward(self, x_kv, x_q):
+        q = _split_heads(self.query(x_q), self.n_head)  # (B, nh, Tq, hs)
+        k = _split_heads(self.key(x_kv), self.n_head)  # (B, nh, Tk, hs)
+        v = _split_heads(self.value(x_kv), self.n_head)  # (B, nh, Tk, hs)
+        Tq, Tk = q.size(2), k.size(2)
+        allowed = self.mask[:, :, :Tq, :Tk].bool()  # (1, 1, Tq, Tk); every row allows position 0
+        if self.training and q.device.type == 'cpu':
+            # written out, as in CausalSelfAttention: faster than SDPA's CPU dropout fallback
+            att = (q @ k.transpose(-2, -1)).mul_(1.0 / math.sqrt(k.size(-1)))  # (B, nh, Tq, Tk)
+            att.masked_fill_(~allowed, float('-inf'))
+            y = self.attn_drop(F.softmax(att, dim=-1)) @ v  # (B, nh, Tq, hs)
+        else:
+            dropout = self.attn_drop.p if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)
+        return self.resid_drop(self.proj(_merge_heads(y)))  # (B, Tq, C)

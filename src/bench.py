@@ -1,16 +1,19 @@
 """Speed of this codebase against the plain minGPT path, measured in one run on this machine.
 
     python src/bench.py [--steps 5] [--questions 20] [--params vanilla.finetune.params]
+                        [--variant vanilla|synthesizer|perceiver|rope] [--bottleneck_dim 32]
 
 Pretraining: one step (forward, backward, clipping, AdamW) on the same batch of 128
 span-corruption examples of wiki.txt, with the same model:
-  plain  fp32, every row padded to 127 positions, explicit masked-softmax attention,
-         torch's dropout (the original minGPT code path)
+  plain  fp32, every row padded to 127 positions, explicit masked-softmax attention
+         (vanilla; the other variants keep their own attention), torch's dropout
+         (the original minGPT code path)
   ours   the Trainer's step: GPT.packed_loss (only positions that can affect the loss),
          dropout.Dropout, and the precision run.py picks (--precision auto)
 evaluate: time per birth_dev.tsv question, greedy-decoding 32 characters
   plain  one question at a time, re-running the whole prefix for every character
-  ours   utils.greedy_complete: questions batched by length, key/value cache, early stop
+  ours   utils.greedy_complete: questions batched by length, key/value cache (the
+         perceiver recomputes the prefix instead), early stop
 Model FLOP/s counts only the work our step does, as a fraction of the measured matmul
 peak of this machine at the same precision.
 """
@@ -50,11 +53,11 @@ class PlainCausalSelfAttention(attention.CausalSelfAttention):
         return self.resid_drop(self.proj(y))
 
 
-def make_model(vocab_size, plain, synthesizer=False):
+def make_model(vocab_size, plain, variant='vanilla', bottleneck_dim=32):
     torch.manual_seed(0)
-    config = model.GPTConfig(vocab_size, run.BLOCK_SIZE, synthesizer=synthesizer, **run.MODEL_SIZE)
+    config = run.model_config(variant, vocab_size, bottleneck_dim)
     gpt = model.GPT(config)
-    if plain and not synthesizer:
+    if plain and variant == 'vanilla':
         for block in gpt.blocks:
             fresh = PlainCausalSelfAttention(config)
             fresh.load_state_dict(block.attn.state_dict())
@@ -90,14 +93,15 @@ def matmul_peak(dtype, device):
     return 2 * 4096 * 1024 * 1024 / seconds
 
 
-def bench_pretraining(corpus, steps_per_path, synthesizer, precision, device):
+def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision, device):
     random.seed(0)
     x, y = zip(*[corpus[i] for i in range(128)])
     x, y = torch.stack(x).to(device), torch.stack(y).to(device)  # (128, 127)
     steps = []
     for plain in (True, False):
-        gpt = make_model(corpus.vocab_size, plain, synthesizer)
-        config = trainer.TrainerConfig(**run.PHASE_SETTINGS['pretrain'], precision='fp32' if plain else precision)
+        gpt = make_model(corpus.vocab_size, plain, variant, bottleneck_dim)
+        config = trainer.TrainerConfig(**run.PHASE_SETTINGS['pretrain'], learning_rate=6e-3,
+                                       precision='fp32' if plain else precision)
         t = trainer.Trainer(gpt, corpus, None, config)
         optimizer = t.make_optimizer()
 
@@ -120,8 +124,8 @@ def model_flops(kept_positions, rows, n_embd=256, n_layer=4, vocab=256):
     return 6 * linear * kept_positions + 3 * n_layer * 4 * n_embd * attention_pairs
 
 
-def bench_evaluate(corpus, params, n_plain, device, synthesizer):
-    gpt = make_model(corpus.vocab_size, plain=False, synthesizer=synthesizer)
+def bench_evaluate(corpus, params, n_plain, device, variant, bottleneck_dim):
+    gpt = make_model(corpus.vocab_size, False, variant, bottleneck_dim)
     if params is not None:
         gpt.load_state_dict(params)
     gpt.to(device).eval()
@@ -146,23 +150,24 @@ def main():
     argp.add_argument('--questions', type=int, default=20, help="dev questions for the plain decoder")
     argp.add_argument('--params', help="finetuned params to decode with (default: untrained, "
                                        "which never stops early: the slowest case for ours)")
-    argp.add_argument('--variant', choices=['vanilla', 'synthesizer'], default='vanilla')
+    argp.add_argument('--variant', choices=['vanilla', 'synthesizer', 'perceiver', 'rope'], default='vanilla')
+    argp.add_argument('--bottleneck_dim', type=int, default=32, help="the perceiver's (default 32)")
     argp.add_argument('--precision', choices=['auto', 'fp32', 'bf16'], default='auto')
     args = argp.parse_args()
 
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
     precision = run.training_precision(args.precision)
-    synthesizer = args.variant == 'synthesizer'
     try:
         corpus = dataset.CharCorruptionDataset(utils.read_text('wiki.txt'), run.BLOCK_SIZE)
-        params = run.load_params(args.params, args.variant, corpus.vocab_size, 'wiki.txt') if args.params else None
+        params = (run.load_params(args.params, args.variant, corpus.vocab_size, 'wiki.txt', args.bottleneck_dim)
+                  if args.params else None)
     except utils.UserError as e:
         sys.exit(f"error: {e}")
     name = torch.cuda.get_device_name() if device == 'cuda' else platform.processor() or platform.machine()
     print(f"machine: {name}, {os.cpu_count()} CPUs, torch {torch.__version__} "
           f"({torch.get_num_threads()} threads); variant {args.variant}; our precision {precision}")
 
-    times, rows = bench_pretraining(corpus, args.steps, synthesizer, precision, device)
+    times, rows = bench_pretraining(corpus, args.steps, args.variant, args.bottleneck_dim, precision, device)
     plain, ours = times['plain'], times['ours']
     positions = 128 * (run.BLOCK_SIZE - 1)
     print(f"pretraining step (batch 128 x 127 positions; ours computes {sum(rows)} of {positions}):")
@@ -177,7 +182,7 @@ def main():
     print(f"  model FLOP/s (ours): {flops / ours / 1e9:.0f} GFLOP/s = {flops / ours / peak:.0%} of this "
           f"machine's {precision} matmul peak ({peak / 1e9:.0f} GFLOP/s)")
 
-    plain, ours, n = bench_evaluate(corpus, params, args.questions, device, synthesizer)
+    plain, ours, n = bench_evaluate(corpus, params, args.questions, device, args.variant, args.bottleneck_dim)
     print(f"evaluate (birth_dev.tsv, 32 characters per question{'' if args.params else ', untrained model'}):")
     print(f"  plain: {plain * 1000:8.1f} ms/question (first {args.questions})")
     print(f"  ours:  {ours * 1000:8.1f} ms/question (all {n})   {plain / ours:.1f}x faster")

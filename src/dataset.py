@@ -27,14 +27,14 @@ class CharCorruptionDataset(Dataset):
         [prefix]    "Khatchig Mouradian. Khatchig Mour"
         [masked]    "adian is a"
         [suffix]    " journalist"
-    gives  prefix MASK suffix MASK masked PAD PAD ...  (block_size characters),
-    with x = that[:-1] and y = that[1:].
+    gives  prefix MASK suffix MASK masked PAD PAD ...  (padded_length characters:
+    block_size, or block_size + 1 in the 2024/25 editions), with x = that[:-1] and y = that[1:].
     """
 
     PAD_CHAR = PAD_CHAR
     MASK_CHAR = MASK_CHAR
 
-    def __init__(self, data, block_size):
+    def __init__(self, data, block_size, padded_length=None):
         chars = sorted(set(data))
         assert self.MASK_CHAR not in chars and self.PAD_CHAR not in chars
         chars = [self.PAD_CHAR, self.MASK_CHAR] + chars
@@ -42,6 +42,7 @@ class CharCorruptionDataset(Dataset):
         self.itos = {i: ch for i, ch in enumerate(chars)}
         print('data has %d characters, %d unique.' % (len(data), len(chars)))
         self.block_size = block_size
+        self.padded_length = padded_length or block_size
         self.vocab_size = len(chars)
         self.data = data.split('\n')
 
@@ -63,9 +64,9 @@ class CharCorruptionDataset(Dataset):
         prefix = truncated[:start]
         masked = truncated[start:start + masked_len]
         suffix = truncated[start + masked_len:]
-        # 3. Rearrange, then pad to block_size.
+        # 3. Rearrange, then pad.
         masked_string = prefix + self.MASK_CHAR + suffix + self.MASK_CHAR + masked
-        masked_string += self.PAD_CHAR * (self.block_size - len(masked_string))
+        masked_string += self.PAD_CHAR * (self.padded_length - len(masked_string))
         # 4. Predict each next character.
         return encode(masked_string[:-1], self.stoi), encode(masked_string[1:], self.stoi)
 

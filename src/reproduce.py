@@ -3,6 +3,10 @@ and g) and the London baseline, then a table of dev accuracies and times.
 
     python src/reproduce.py                 # the handout's settings (hours on a CPU)
     python src/reproduce.py --max_epochs 1  # every training phase cut to 1 epoch
+    python src/reproduce.py --edition 2024  # another edition: vanilla and rope, its settings
+
+Each edition's second variant: synthesizer (2021), perceiver with --bottleneck_dim 64
+as its handout passes (2023), rope (2024, 2025).
 
 It writes the handout's file names (vanilla.model.params, ...) into --outdir, so that
 collect_submission.sh can pack them, and skips each phase whose output already exists:
@@ -23,12 +27,18 @@ import trainer
 import utils
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from london_baseline import london_baseline  # noqa: E402
+from london_baseline import london_baseline, write_accuracy  # noqa: E402
 
 
-def phases(out):
+SECOND_VARIANT = {'2021': ('synthesizer', []), '2023': ('perceiver', ['--bottleneck_dim', '64']),
+                  '2024': ('rope', []), '2025': ('rope', [])}
+
+
+def phases(out, edition='2021'):
     """(name, run.py arguments after the corpus, output file) in the handout's order;
     outputs go to the folder `out`, inputs are found as run.py finds them."""
+    variant, variant_flags = SECOND_VARIANT[edition]
+    flags = lambda v: ['--edition', edition] + (variant_flags if v == variant else [])
     data = {name: utils.find_data_file(name)
             for name in ('birth_places_train.tsv', 'birth_dev.tsv', 'birth_test_inputs.tsv')}
     path = lambda name: os.path.join(out, name)
@@ -36,24 +46,25 @@ def phases(out):
     def evaluations(variant, params, prefix):
         return [(f'{prefix}: evaluate {split}',
                  ['evaluate', variant, '--reading_params_path', path(params), '--eval_corpus_path',
-                  data[corpus], '--outputs_path', path(f'{prefix}.{split}.predictions')],
+                  data[corpus], '--outputs_path', path(f'{prefix}.{split}.predictions')] + flags(variant),
                  path(f'{prefix}.{split}.predictions'))
                 for split, corpus in (('dev', 'birth_dev.tsv'), ('test', 'birth_test_inputs.tsv'))]
 
     steps = [('vanilla, no pretraining: finetune',
               ['finetune', 'vanilla', '--writing_params_path', path('vanilla.model.params'),
-               '--finetune_corpus_path', data['birth_places_train.tsv']], path('vanilla.model.params'))]
+               '--finetune_corpus_path', data['birth_places_train.tsv']] + flags('vanilla'),
+              path('vanilla.model.params'))]
     steps += evaluations('vanilla', 'vanilla.model.params', 'vanilla.nopretrain')
-    for variant in ('vanilla', 'synthesizer'):
-        steps.append((f'{variant}: pretrain',
-                      ['pretrain', variant, '--writing_params_path', path(f'{variant}.pretrain.params')],
-                      path(f'{variant}.pretrain.params')))
-        steps.append((f'{variant}: finetune',
-                      ['finetune', variant, '--reading_params_path', path(f'{variant}.pretrain.params'),
-                       '--writing_params_path', path(f'{variant}.finetune.params'),
-                       '--finetune_corpus_path', data['birth_places_train.tsv']],
-                      path(f'{variant}.finetune.params')))
-        steps += evaluations(variant, f'{variant}.finetune.params', f'{variant}.pretrain')
+    for v in ('vanilla', variant):
+        steps.append((f'{v}: pretrain',
+                      ['pretrain', v, '--writing_params_path', path(f'{v}.pretrain.params')] + flags(v),
+                      path(f'{v}.pretrain.params')))
+        steps.append((f'{v}: finetune',
+                      ['finetune', v, '--reading_params_path', path(f'{v}.pretrain.params'),
+                       '--writing_params_path', path(f'{v}.finetune.params'),
+                       '--finetune_corpus_path', data['birth_places_train.tsv']] + flags(v),
+                      path(f'{v}.finetune.params')))
+        steps += evaluations(v, f'{v}.finetune.params', f'{v}.pretrain')
     return steps
 
 
@@ -101,9 +112,11 @@ def main(argv=None):
     argp.add_argument('--max_epochs', type=run.positive(int), help="cap every training phase at this")
     argp.add_argument('--seed', type=int, default=0)
     argp.add_argument('--precision', choices=['auto', 'fp32', 'bf16'], default='auto')
+    argp.add_argument('--edition', choices=sorted(SECOND_VARIANT), default='2021',
+                      help="the handout edition to run (default 2021: vanilla and synthesizer)")
     args = argp.parse_args(argv)
     overrides = ['--seed', str(args.seed), '--precision', args.precision]
-    settings = f"the handout's, training precision {run.training_precision(args.precision)}, seed {args.seed}"
+    settings = f"the {args.edition} handout's, training precision {run.training_precision(args.precision)}, seed {args.seed}"
     if args.max_epochs:
         overrides += ['--max_epochs', str(args.max_epochs)]
         settings += f", --max_epochs {args.max_epochs} for every training phase"
@@ -112,7 +125,7 @@ def main(argv=None):
     record = os.path.join(args.outdir, 'results.json')
     results = json.loads(open(record, encoding='utf-8').read()) if os.path.exists(record) else {}
     try:
-        for name, phase_argv, output in phases(args.outdir):
+        for name, phase_argv, output in phases(args.outdir, args.edition):
             if os.path.exists(output):
                 print(f"== {name}: {output} exists, skipped")
                 results.setdefault(name, {'seconds': None})
@@ -126,7 +139,10 @@ def main(argv=None):
                 dev = utils.evaluate_places('birth_dev.tsv', predictions)
                 results[name]['accuracy'] = accuracy(dev)
             utils.atomic_write(record, lambda f: f.write(json.dumps(results, indent=1).encode('utf-8')))
-        results['London baseline'] = {'accuracy': accuracy(london_baseline('birth_dev.tsv')), 'seconds': 0}
+        london = london_baseline('birth_dev.tsv')
+        results['London baseline'] = {'accuracy': accuracy(london), 'seconds': 0}
+        if args.edition in ('2024', '2025'):  # their submission holds it
+            write_accuracy(*london, os.path.join(args.outdir, 'london_baseline_accuracy.txt'))
     except utils.UserError as e:
         sys.exit(f"error: {e}")
     except trainer.TrainingInterrupted as e:

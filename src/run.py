@@ -1,4 +1,5 @@
-"""The assignment's command line: pretrain, finetune or evaluate a GPT of either variant.
+"""The assignment's command line: pretrain, finetune or evaluate a GPT of any variant
+(vanilla and synthesizer: 2021 edition; perceiver: 2023; rope: 2024/25).
 
     python src/run.py pretrain vanilla wiki.txt --writing_params_path vanilla.pretrain.params
     python src/run.py finetune vanilla wiki.txt --reading_params_path vanilla.pretrain.params \\
@@ -7,8 +8,10 @@
         --eval_corpus_path birth_dev.tsv --outputs_path vanilla.pretrain.dev.predictions
 
 The pretraining corpus is always given: the vocabulary comes from it. Bare file names are
-also looked for in data/. Each phase is a plain function of the parsed arguments, and
-everything that can be checked is checked before any training starts.
+also looked for in data/. EDITIONS below holds what differs between the editions;
+--edition picks one (default: the variant's own edition). Each phase is a plain function
+of the parsed arguments, and everything that can be checked is checked before any
+training starts.
 """
 import argparse
 import functools
@@ -30,20 +33,33 @@ ANSWER_LENGTH = 32  # characters decoded after each question
 # question characters that fit before the MASK and the answer (the synthesizer has block_size-1 positions)
 QUESTION_ROOM = BLOCK_SIZE - 1 - 1 - ANSWER_LENGTH
 
-# The handout's hyperparameters; --max_epochs, --batch_size, --learning_rate override them.
+# The handout's hyperparameters; --max_epochs, --batch_size override them. The learning
+# rates are the flags --pretrain_lr (6e-3) and --finetune_lr (6e-4), as the later editions name them.
 PHASE_SETTINGS = {
-    'pretrain': dict(max_epochs=650, batch_size=128, learning_rate=6e-3),
-    'finetune': dict(max_epochs=75, batch_size=256, learning_rate=6e-4),
-    'finetune from pretrained': dict(max_epochs=10, batch_size=256, learning_rate=6e-4),
+    'pretrain': dict(max_epochs=650, batch_size=128),
+    'finetune': dict(max_epochs=75, batch_size=256),
+    'finetune from pretrained': dict(max_epochs=10, batch_size=256),
 }
+
+# What differs between the editions. Pretraining's cosine schedule reaches its end after
+# pretrain_schedule_epochs epochs' tokens (finetuning's always after 200); span-corruption
+# strings are padded to pretrain_padded_length, so x and y are one shorter. The 2024/25
+# settings apply to vanilla too: a 2024/25 student passes --edition 2024 for vanilla.
+EDITIONS = {
+    '2021': dict(pretrain_schedule_epochs=200, pretrain_padded_length=BLOCK_SIZE),
+    '2023': dict(pretrain_schedule_epochs=200, pretrain_padded_length=BLOCK_SIZE),
+    '2024': dict(pretrain_schedule_epochs=650, pretrain_padded_length=BLOCK_SIZE + 1),
+    '2025': dict(pretrain_schedule_epochs=650, pretrain_padded_length=BLOCK_SIZE + 1),
+}
+VARIANT_EDITION = {'vanilla': '2021', 'synthesizer': '2021', 'perceiver': '2023', 'rope': '2024'}
 
 
 def parse_args(argv=None):
     argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     argp.add_argument('function', choices=["pretrain", "finetune", "evaluate"],
                       help="Whether to pretrain, finetune or evaluate a model")
-    argp.add_argument('variant', choices=["vanilla", "synthesizer"],
-                      help="Which variant of the model to run ('vanilla' or 'synthesizer')")
+    argp.add_argument('variant', choices=["vanilla", "synthesizer", "perceiver", "rope"],
+                      help="Which variant of the model to run")
     argp.add_argument('pretrain_corpus_path',
                       help="Path of the corpus to pretrain on (its characters are the vocabulary)")
     argp.add_argument('--reading_params_path', help="If specified, path of the model to load before finetuning/evaluation")
@@ -51,17 +67,27 @@ def parse_args(argv=None):
     argp.add_argument('--finetune_corpus_path', help="Path of the corpus to finetune on")
     argp.add_argument('--eval_corpus_path', help="Path of the corpus to evaluate on")
     argp.add_argument('--outputs_path', help="Path to write one prediction per line to")
+    argp.add_argument('--bottleneck_dim', type=int, default=32,
+                      help="the perceiver's bottleneck positions (2023 edition; default 32)")
+    argp.add_argument('--pretrain_lr', type=positive(float), default=6e-3, help="pretraining learning rate (default 6e-3)")
+    argp.add_argument('--finetune_lr', type=positive(float), default=6e-4, help="finetuning learning rate (default 6e-4)")
+    argp.add_argument('--tb_expt_name', default='run',
+                      help="name of the TensorBoard run, logged in expt/ beside the written params")
+    argp.add_argument('--edition', choices=sorted(EDITIONS),
+                      help="the handout edition whose settings to use (default: the variant's: "
+                           + ", ".join(f"{v} {e}" for v, e in VARIANT_EDITION.items()) + ")")
     quick = argp.add_argument_group('overrides (defaults: the handout\'s settings)')
     quick.add_argument('--max_epochs', type=positive(int), help="epochs to train")
     quick.add_argument('--batch_size', type=positive(int), help="examples per step")
-    quick.add_argument('--learning_rate', type=positive(float), help="peak learning rate")
     quick.add_argument('--seed', type=int, default=0, help="seed of every random choice (default 0)")
     quick.add_argument('--precision', choices=['auto', 'fp32', 'bf16'], default='auto',
                        help="training arithmetic; auto: bf16 autocast where the hardware has native "
                             "bf16 (CUDA, CPUs with avx512_bf16/amx), else fp32. Evaluation is always fp32.")
     quick.add_argument('--resume', action='store_true',
                        help="continue an interrupted pretrain/finetune from its saved state")
-    return argp.parse_args(argv)
+    args = argp.parse_args(argv)
+    args.edition = args.edition or VARIANT_EDITION[args.variant]
+    return args
 
 
 def positive(kind):
@@ -90,7 +116,7 @@ def finetune(args):
     phase = 'finetune'
     if args.reading_params_path:
         gpt.load_state_dict(load_params(args.reading_params_path, args.variant, pretrain_dataset.vocab_size,
-                                        args.pretrain_corpus_path))
+                                        args.pretrain_corpus_path, args.bottleneck_dim))
         phase = 'finetune from pretrained'
     names = dataset.NameDataset(pretrain_dataset, utils.read_text(args.finetune_corpus_path))
     train(args, phase, gpt, names, pretrain_dataset)
@@ -102,7 +128,7 @@ def evaluate(args):
     pretrain_dataset = load_pretrain_dataset(args)
     gpt = build_model(args, pretrain_dataset)
     gpt.load_state_dict(load_params(args.reading_params_path, args.variant, pretrain_dataset.vocab_size,
-                                    args.pretrain_corpus_path))
+                                    args.pretrain_corpus_path, args.bottleneck_dim))
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
     gpt.to(device)
 
@@ -128,14 +154,19 @@ def evaluate(args):
 # --- Shared pieces -----------------------------------------------------------------------
 
 def load_pretrain_dataset(args):
-    return dataset.CharCorruptionDataset(utils.read_text(args.pretrain_corpus_path), BLOCK_SIZE)
+    return dataset.CharCorruptionDataset(utils.read_text(args.pretrain_corpus_path), BLOCK_SIZE,
+                                         EDITIONS[args.edition]['pretrain_padded_length'])
 
 
 def build_model(args, pretrain_dataset):
     utils.set_seed(args.seed)
-    config = model.GPTConfig(pretrain_dataset.vocab_size, pretrain_dataset.block_size,
-                             synthesizer=args.variant == 'synthesizer', **MODEL_SIZE)
-    return model.GPT(config)
+    return model.GPT(model_config(args.variant, pretrain_dataset.vocab_size, args.bottleneck_dim))
+
+
+def model_config(variant, vocab_size, bottleneck_dim):
+    return model.GPTConfig(vocab_size, BLOCK_SIZE, synthesizer=variant == 'synthesizer', rope=variant == 'rope',
+                           perceiver=variant == 'perceiver',
+                           bottleneck_dim=bottleneck_dim if variant == 'perceiver' else None, **MODEL_SIZE)
 
 
 def train(args, phase, gpt, train_dataset, pretrain_dataset):
@@ -143,17 +174,21 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
     for name in settings:
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
+    settings['learning_rate'] = args.pretrain_lr if phase == 'pretrain' else args.finetune_lr
+    schedule_epochs = EDITIONS[args.edition]['pretrain_schedule_epochs'] if phase == 'pretrain' else 200
     path = args.writing_params_path
     config = trainer.TrainerConfig(
         **settings, lr_decay=True, warmup_tokens=512 * 20,
-        final_tokens=200 * len(pretrain_dataset) * BLOCK_SIZE,
+        final_tokens=schedule_epochs * len(pretrain_dataset) * BLOCK_SIZE,
         precision=training_precision(args.precision),
-        resume_path=path + '.resume', resume=args.resume, metrics_path=path + '.metrics.csv')
+        resume_path=path + '.resume', resume=args.resume, metrics_path=path + '.metrics.csv',
+        tensorboard_dir=tensorboard_dir(args))
     if not args.resume and os.path.exists(config.resume_path):
         print(f"note: starting afresh; {config.resume_path} (an interrupted run's state) will be "
               f"replaced. Add --resume to continue that run instead.")
     print(f"{phase}: {settings['max_epochs']} epochs, batch {settings['batch_size']}, "
-          f"lr {settings['learning_rate']:g}, {sum(p.numel() for p in gpt.parameters()):,} parameters, "
+          f"lr {settings['learning_rate']:g}, {args.edition} edition settings, "
+          f"{sum(p.numel() for p in gpt.parameters()):,} parameters, "
           + ("bf16 autocast (native on this hardware; --precision fp32 for the original's fp32)"
              if config.precision == 'bf16' else "fp32"))
     run = trainer.Trainer(gpt, train_dataset, None, config)
@@ -161,7 +196,17 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
     utils.atomic_save(trainer.cpu_state_dict(gpt), path)
     seconds = run.elapsed - run.resumed_elapsed  # this process's share of a resumed run
     print(f"{phase} done: {run.steps_run} steps in {format_seconds(seconds)} "
-          f"({run.tokens_per_s(run.steps_run, BLOCK_SIZE - 1):,.0f} tokens/s), final loss {run.final_loss:.4f}; params written to {path}")
+          f"({run.tokens_per_s(run.steps_run, getattr(train_dataset, 'padded_length', BLOCK_SIZE) - 1):,.0f} tokens/s), final loss {run.final_loss:.4f}; params written to {path}")
+
+
+def tensorboard_dir(args):
+    """The later editions' TensorBoard folder, expt/{function}/{name}, under the folder of
+    the written params (the current folder for the handouts' commands)."""
+    name = f"{args.tb_expt_name}_{args.variant}"
+    if args.variant == 'perceiver' or args.edition == '2023':  # the 2023 starter's name has it
+        name += f"_{args.bottleneck_dim}"
+    name += f"_pt_lr_{args.pretrain_lr:f}_ft_lr_{args.finetune_lr:f}"
+    return os.path.join(os.path.dirname(args.writing_params_path), 'expt', args.function, name)
 
 
 def training_precision(choice):
@@ -228,6 +273,13 @@ def check_args(args):
             raise utils.UserError(f"{args.function} needs --{name}")
     if args.resume and args.function == 'evaluate':
         raise utils.UserError("--resume applies to pretrain and finetune only")
+    if not 0 < args.bottleneck_dim <= BLOCK_SIZE:
+        raise utils.UserError(f"--bottleneck_dim {args.bottleneck_dim}: must be between 1 and the "
+                              f"block size, {BLOCK_SIZE}")
+    if (args.function == 'pretrain' and args.variant == 'synthesizer'
+            and EDITIONS[args.edition]['pretrain_padded_length'] > BLOCK_SIZE):
+        raise utils.UserError(f"--edition {args.edition}: its {BLOCK_SIZE}-long pretraining examples do not "
+                              f"fit the synthesizer's {BLOCK_SIZE - 1} positions")
     corpus = utils.read_text(args.pretrain_corpus_path)
     for reserved in (dataset.PAD_CHAR, dataset.MASK_CHAR):
         if reserved in corpus:
@@ -240,7 +292,8 @@ def check_args(args):
     if args.function == 'evaluate':
         check_tsv(args.eval_corpus_path, vocab, training=False)
     if args.reading_params_path:
-        load_params(args.reading_params_path, args.variant, len(vocab) + 2, args.pretrain_corpus_path)
+        load_params(args.reading_params_path, args.variant, len(vocab) + 2, args.pretrain_corpus_path,
+                    args.bottleneck_dim)
     output = 'outputs_path' if args.function == 'evaluate' else 'writing_params_path'
     check_writable(getattr(args, output), output)
     if args.resume and not os.path.exists(args.writing_params_path + '.resume'):
@@ -278,10 +331,10 @@ def check_tsv(path, vocab, training):
 KEEP_TENSORS = '{k: v for k, v in getattr(s, "state_dict", lambda: s)().items() if torch.is_tensor(v)}'
 
 
-def load_params(path, variant, vocab_size, corpus_path):
+def load_params(path, variant, vocab_size, corpus_path, bottleneck_dim=32):
     """The state_dict in `path`, loaded without running anything in the file (tensors and
     plain values only) and checked to be a `variant` model of MODEL_SIZE for the vocabulary
-    of corpus_path (vocab_size symbols). Any problem is one UserError line."""
+    of corpus_path (vocab_size symbols) and, for the perceiver, this bottleneck_dim. Any problem is one UserError line."""
     where = f"--reading_params_path {path}"
     if_trusted = (f"If you trust the file, keep only its tensors, in {path}.tensors, with: "
                   + utils.convert_command(KEEP_TENSORS, path, path + '.tensors'))
@@ -292,7 +345,7 @@ def load_params(path, variant, vocab_size, corpus_path):
     utils.check_tensor_dict(state, where)
     if 'tok_emb.weight' not in state:
         raise utils.UserError(f"--reading_params_path {path}: not a GPT state_dict")
-    found = 'synthesizer' if 'blocks.0.attn.w1.weight' in state else 'vanilla'
+    found = params_variant(state)
     if found != variant:
         raise utils.UserError(f"--reading_params_path {path}: holds a {found} model, but the variant "
                               f"is {variant}")
@@ -300,16 +353,28 @@ def load_params(path, variant, vocab_size, corpus_path):
     if embedding.dim() == 2 and embedding.size(0) != vocab_size:
         raise utils.UserError(f"--reading_params_path {path}: made for a vocabulary of {embedding.size(0)} "
                               f"symbols, but {corpus_path} gives {vocab_size}")
-    utils.check_state_dict(state, state_shapes(variant, vocab_size), where,
+    if variant == 'perceiver' and state['down_block.C'].dim() == 3 and state['down_block.C'].size(1) != bottleneck_dim:
+        raise utils.UserError(f"--reading_params_path {path}: made with --bottleneck_dim "
+                              f"{state['down_block.C'].size(1)}, but the flag is {bottleneck_dim}")
+    utils.check_state_dict(state, state_shapes(variant, vocab_size, bottleneck_dim), where,
                            f"a {variant} model with {MODEL_SIZE} and block size {BLOCK_SIZE}")
     return state
 
 
 @functools.lru_cache  # check_args and the phase both load the params
-def state_shapes(variant, vocab_size):
-    config = model.GPTConfig(vocab_size, BLOCK_SIZE, synthesizer=variant == 'synthesizer', **MODEL_SIZE)
+def state_shapes(variant, vocab_size, bottleneck_dim):
     with torch.random.fork_rng(devices=[]):  # its initialization must not move the seeded random state
-        return {name: tensor.shape for name, tensor in model.GPT(config).state_dict().items()}
+        gpt = model.GPT(model_config(variant, vocab_size, bottleneck_dim))
+    return {name: tensor.shape for name, tensor in gpt.state_dict().items()}
+
+
+def params_variant(state):
+    """Which variant a state_dict is, from the names only that variant has."""
+    if 'down_block.C' in state:
+        return 'perceiver'
+    if 'blocks.0.attn.rope_cache' in state or ('pos_emb' not in state and 'blocks.0.attn.key.weight' in state):
+        return 'rope'
+    return 'synthesizer' if 'blocks.0.attn.w1.weight' in state else 'vanilla'
 
 
 def check_writable(path, flag):

@@ -42,6 +42,7 @@ class TrainerConfig:
     resume_path = None  # keep a resumable state here: on Ctrl-C/SIGTERM and every minute
     resume = False  # continue from the state in resume_path
     metrics_path = None  # a CSV row per step: epoch, step, loss, lr, tokens, seconds
+    tensorboard_dir = None  # train/loss and train/lr per step for TensorBoard, as the later editions log
     save_every_s = 60  # how often (at an epoch's end) the resumable state is refreshed
     log_every = 10  # steps between progress updates; each one waits for the device
 
@@ -135,7 +136,8 @@ class Trainer:
         self.tokens, self.elapsed, self.resumed_elapsed = 0, 0.0, 0.0
         if config.resume:
             start_epoch, start_step = self.load_resume_state(optimizer)
-        log = MetricsLog(config.metrics_path, append=config.resume)
+        log = MetricsLog(config.metrics_path, append=config.resume, tensorboard_dir=config.tensorboard_dir,
+                         first_step=start_epoch * steps_per_epoch + start_step)
         total_steps = config.max_epochs * steps_per_epoch
         done = start_epoch * steps_per_epoch + start_step
         pbar = tqdm(total=total_steps, initial=done, unit='step', dynamic_ncols=True,
@@ -302,14 +304,23 @@ class Trainer:
 
 
 class MetricsLog:
-    """Per-step metrics, kept on the device and written (one host sync) every few steps.
-    Refuses a non-finite loss, so nothing is saved after it."""
+    """Per-step metrics, kept on the device and written (one host sync) every few steps, to
+    the CSV file and to TensorBoard. Refuses a non-finite loss, so nothing is saved after it."""
 
     FIELDS = ['epoch', 'step', 'loss', 'lr', 'tokens', 'seconds']
 
-    def __init__(self, path, append):
+    def __init__(self, path, append, tensorboard_dir=None, first_step=0):
         self.rows, self.last_loss = [], float('nan')
-        self.file = self.writer = None
+        self.file = self.writer = self.tensorboard = None
+        if tensorboard_dir:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                print("note: TensorBoard is not installed (pip install tensorboard); no logs in "
+                      f"{tensorboard_dir}")
+            else:
+                # a resumed run drops what an interrupted one logged after its saved state
+                self.tensorboard = SummaryWriter(tensorboard_dir, purge_step=first_step + 1 if append else None)
         if path:
             new = not (append and os.path.exists(path))
             self.file = open(path, 'w' if new else 'a', newline='', encoding='utf-8')
@@ -329,14 +340,21 @@ class MetricsLog:
                 raise NonFiniteLoss(f"the loss became {loss} at epoch {epoch}, step {step}")
             if self.writer:
                 self.writer.writerow([epoch, step, f'{loss:.6f}', f'{lr:.6e}', tokens, f'{seconds:.1f}'])
+            if self.tensorboard:
+                self.tensorboard.add_scalar('train/loss', loss, step)
+                self.tensorboard.add_scalar('train/lr', lr, step)
         if self.file:
             self.file.flush()
+        if self.tensorboard:
+            self.tensorboard.flush()
         self.rows, self.last_loss = [], losses[-1]
         return self.last_loss
 
     def close(self):
         if self.file:
             self.file.close()
+        if self.tensorboard:
+            self.tensorboard.close()
 
 
 def numpy_rng_state():

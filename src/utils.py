@@ -211,7 +211,7 @@ def greedy_complete(model, prompts, steps, stop_id, batch_size=512):
 
 
 def _greedy_batch(model, x, steps, stop_id):
-    cache = [{} for _ in model.blocks]
+    cache = model.new_cache()
     generated = torch.empty(x.size(0), 0, dtype=torch.long, device=x.device)  # (b, 0)
     done = torch.zeros(x.size(0), dtype=torch.bool, device=x.device)  # (b,)
     new = x

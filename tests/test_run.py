@@ -76,9 +76,9 @@ def test_finetune_without_pretraining_and_defaults(tiny):
     assert (tiny / 'v.params.metrics.csv').read_text().count('\n') == 2
     # the handout's settings are the defaults
     assert run.PHASE_SETTINGS == {
-        'pretrain': dict(max_epochs=650, batch_size=128, learning_rate=6e-3),
-        'finetune': dict(max_epochs=75, batch_size=256, learning_rate=6e-4),
-        'finetune from pretrained': dict(max_epochs=10, batch_size=256, learning_rate=6e-4)}
+        'pretrain': dict(max_epochs=650, batch_size=128),
+        'finetune': dict(max_epochs=75, batch_size=256),
+        'finetune from pretrained': dict(max_epochs=10, batch_size=256)}
 
 
 class ConfigCaptured(Exception):
@@ -422,7 +422,7 @@ def test_evaluate_predictions_equal_plain_greedy_decoding(params):
     # a model trained for a few steps, so that it does produce MASKs
     assert main('finetune', 'vanilla', 'wiki.txt', '--writing_params_path', 'f.params',
                 '--finetune_corpus_path', 'train.tsv', '--max_epochs', 30, '--batch_size', 4,
-                '--learning_rate', 3e-3, cwd=params) == 0
+                '--finetune_lr', 3e-3, cwd=params) == 0
     assert main('evaluate', 'vanilla', 'wiki.txt', '--reading_params_path', 'f.params',
                 '--eval_corpus_path', 'train.tsv', '--outputs_path', 'fast.out', cwd=params) == 0
     gpt = model.GPT(model.GPTConfig(ds.vocab_size, 128, **run.MODEL_SIZE))

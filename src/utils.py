@@ -34,7 +34,9 @@ def find_data_file(path):
 
 
 def read_text(path):
-    """The whole file as text, checked: exists, readable, non-empty, valid UTF-8."""
+    """The whole file as text, checked: exists, readable, non-empty, valid UTF-8. Line ends
+    are normalised as the original's text-mode open() did (universal newlines: CRLF and a
+    lone CR become LF), so a file checked out with Windows line ends reads the same."""
     found = find_data_file(path)
     try:
         with open(found, 'rb') as f:
@@ -47,10 +49,14 @@ def read_text(path):
     if not raw.strip():
         raise UserError(f'{found}: file is empty')
     try:
-        return raw.decode('utf-8')
+        return universal_newlines(raw.decode('utf-8'))
     except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b'\n') + 1
+        line = universal_newlines(raw[:e.start].decode('utf-8')).count('\n') + 1
         raise UserError(f'{found}, line {line}: not valid UTF-8 (byte {raw[e.start]:#x})')
+
+
+def universal_newlines(text):
+    return text.replace('\r\n', '\n').replace('\r', '\n')
 
 
 def read_lines(path):
@@ -170,13 +176,12 @@ def evaluate_places(filepath, predicted_places):
 
     Returns: (total, correct), floats
     """
-    with open(find_data_file(filepath), encoding='utf-8') as fin:
-        lines = [x.strip().split('\t') for x in fin]
-        if len(lines[0]) == 1:
-            print('No gold birth places provided; returning (0,0)')
-            return (0, 0)
-        true_places = [x[1] for x in lines]
-        total = len(true_places)
-        assert total == len(predicted_places)
-        correct = len(list(filter(lambda x: x[0] == x[1], zip(true_places, predicted_places))))
-        return (float(total), float(correct))
+    lines = [x.strip().split('\t') for x in read_lines(filepath)]
+    if len(lines[0]) == 1:
+        print('No gold birth places provided; returning (0,0)')
+        return (0, 0)
+    true_places = [x[1] for x in lines]
+    total = len(true_places)
+    assert total == len(predicted_places)
+    correct = len(list(filter(lambda x: x[0] == x[1], zip(true_places, predicted_places))))
+    return (float(total), float(correct))

@@ -335,3 +335,35 @@ def test_environment_yml_agrees_with_requirements():
     pip_section = (ROOT / 'environment.yml').read_text().split('- pip:')[1]
     assert re.findall(r'^\s+- (\S+)$', pip_section, re.M) == requirements
     assert 'torch==2.13.0' in requirements
+
+
+def test_crlf_files_train_and_answer_as_lf_files(tiny, capsys):
+    """Windows checkouts: CRLF files give the vocabulary, model and answers of LF files."""
+    for name in ('wiki.txt', 'train.tsv', 'dev.tsv'):
+        (tiny / f'crlf.{name}').write_bytes((tiny / name).read_bytes().replace(b'\n', b'\r\n'))
+    outputs = []
+    for prefix in ('', 'crlf.'):
+        assert main('finetune', 'vanilla', f'{prefix}wiki.txt', '--writing_params_path', f'{prefix}f.params',
+                    '--finetune_corpus_path', f'{prefix}train.tsv', '--max_epochs', 1, '--precision', 'fp32',
+                    cwd=tiny) == 0
+        assert main('evaluate', 'vanilla', f'{prefix}wiki.txt', '--reading_params_path', f'{prefix}f.params',
+                    '--eval_corpus_path', f'{prefix}dev.tsv', '--outputs_path', f'{prefix}dev.out', cwd=tiny) == 0
+        outputs.append(capsys.readouterr().out)
+    lf, crlf = torch.load(tiny / 'f.params', weights_only=True), torch.load(tiny / 'crlf.f.params', weights_only=True)
+    assert all(torch.equal(lf[k], crlf[k]) for k in lf)
+    assert (tiny / 'dev.out').read_bytes() == (tiny / 'crlf.dev.out').read_bytes()
+    vocab = [re.search(r'data has \d+ characters, \d+ unique', out).group() for out in outputs]
+    assert vocab[0] == vocab[1] and CORRECT_LINE.search(outputs[0]).group() == CORRECT_LINE.search(outputs[1]).group()
+
+
+def test_dataset_view_runs_without_sigpipe(tiny, monkeypatch, capsys):
+    """Windows has no signal.SIGPIPE; `python src/dataset.py namedata` must not need it."""
+    import runpy
+    import utils
+    shutil.copy(tiny / 'train.tsv', tiny / 'birth_places_train.tsv')
+    monkeypatch.setattr(utils, 'DATA_DIR', tiny)
+    monkeypatch.delattr(signal, 'SIGPIPE')
+    monkeypatch.setattr(sys, 'argv', ['dataset.py', 'namedata'])
+    runpy.run_path(str(ROOT / 'src' / 'dataset.py'), run_name='__main__')
+    lines = capsys.readouterr().out.splitlines()
+    assert sum(l.startswith('x: Where was') for l in lines) == 4

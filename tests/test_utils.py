@@ -39,3 +39,20 @@ def test_bare_names_are_found_in_data(tmp_path, monkeypatch):
     (tmp_path / 'corpus.txt').write_text('here\n')
     assert utils.find_data_file('corpus.txt') == 'corpus.txt'  # the current directory wins
     assert utils.find_data_file('sub/corpus.txt') == 'sub/corpus.txt'  # paths are taken as given
+
+
+def test_windows_and_old_mac_line_ends_read_as_the_originals_text_mode(tmp_path):
+    text = 'Ada was born in London.\nMax\tOslo\n\ncaf\u00e9\n'
+    for name, ends in (('lf', '\n'), ('crlf', '\r\n'), ('cr', '\r')):
+        (tmp_path / name).write_bytes(text.replace('\n', ends).encode('utf-8'))
+        with open(tmp_path / name, encoding='utf-8') as f:  # how the original read every file
+            assert utils.read_text(str(tmp_path / name)) == f.read() == text
+        assert utils.read_lines(str(tmp_path / name)) == text.split('\n')[:-1]
+    (tmp_path / 'bad').write_bytes(b'fine\r\nfine\rcaf\xe9\r\n')
+    with pytest.raises(utils.UserError, match=r'bad, line 3: not valid UTF-8'):
+        utils.read_text(str(tmp_path / 'bad'))
+
+
+def test_evaluate_places_reads_crlf_files(tmp_path):
+    (tmp_path / 'dev.tsv').write_bytes(b'Where was Ada born?\tLondon\r\nWhere was Max born?\tOslo\r\n')
+    assert utils.evaluate_places(str(tmp_path / 'dev.tsv'), ['London', 'Paris']) == (2.0, 1.0)

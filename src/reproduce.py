@@ -57,9 +57,10 @@ def phases(out):
     return steps
 
 
-def run_phase(argv, output, corpus, overrides):
+def run_phase(argv, output, corpus, overrides, device):
     """Runs one run.py command in this process; evaluate returns (total, correct)."""
     function, variant = argv[:2]
+    argv = argv + ['--device', device]
     if function != 'evaluate':
         argv = argv + overrides + (['--resume'] if os.path.exists(output + '.resume') else [])
     args = run.parse_args([function, variant, corpus] + argv[2:])
@@ -67,8 +68,8 @@ def run_phase(argv, output, corpus, overrides):
     return {'pretrain': run.pretrain, 'finetune': run.finetune, 'evaluate': run.evaluate}[function](args)
 
 
-def machine():
-    if torch.cuda.is_available():
+def machine(device):
+    if device == 'cuda':
         return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
     name = platform.processor() or platform.machine()
     try:
@@ -76,7 +77,7 @@ def machine():
             name = next(line.split(':', 1)[1].strip() for line in f if line.startswith('model name'))
     except (OSError, StopIteration):
         pass
-    return f"{name}, {os.cpu_count()} CPUs, torch {torch.__version__}"
+    return f"{name}, {os.cpu_count()} CPUs{', MPS' if device == 'mps' else ''}, torch {torch.__version__}"
 
 
 def accuracy(total_correct):
@@ -84,8 +85,8 @@ def accuracy(total_correct):
     return f"{correct / total * 100:.1f}% ({correct:.0f}/{total:.0f})" if total else "n/a"
 
 
-def write_table(results, settings, path):
-    lines = ['# Results', '', f"Machine: {machine()}", f"Settings: {settings}", '',
+def write_table(results, settings, path, device):
+    lines = ['# Results', '', f"Machine: {machine(device)}", f"Settings: {settings}", '',
              '| phase | dev accuracy | time |', '|---|---|---|']
     for name, entry in results.items():
         time_taken = run.format_seconds(entry['seconds']) if entry.get('seconds') is not None else 'earlier run'
@@ -100,10 +101,16 @@ def main(argv=None):
     argp.add_argument('--outdir', default='.', help="where the results go (default: here)")
     argp.add_argument('--max_epochs', type=run.positive(int), help="cap every training phase at this")
     argp.add_argument('--seed', type=int, default=0)
-    argp.add_argument('--precision', choices=['auto', 'fp32', 'bf16'], default='auto')
+    argp.add_argument('--precision', choices=['auto', 'fp32', 'bf16', 'fp16'], default='auto')
+    argp.add_argument('--device', choices=['auto', 'cuda', 'mps', 'cpu'], default='auto')
     args = argp.parse_args(argv)
+    try:
+        device = utils.pick_device(args.device)
+    except utils.UserError as e:
+        sys.exit(f"error: {e}")
     overrides = ['--seed', str(args.seed), '--precision', args.precision]
-    settings = f"the handout's, training precision {run.training_precision(args.precision)}, seed {args.seed}"
+    settings = (f"the handout's, training precision {run.training_precision(args.precision, device)}, "
+                f"seed {args.seed}")
     if args.max_epochs:
         overrides += ['--max_epochs', str(args.max_epochs)]
         settings += f", --max_epochs {args.max_epochs} for every training phase"
@@ -119,7 +126,7 @@ def main(argv=None):
             else:
                 print(f"== {name}")
                 start = time.time()
-                run_phase(phase_argv, output, args.pretrain_corpus_path, overrides)
+                run_phase(phase_argv, output, args.pretrain_corpus_path, overrides, device)
                 results[name] = {'seconds': time.time() - start}
             if name.endswith('evaluate dev'):
                 predictions = open(output, encoding='utf-8').read().splitlines()
@@ -136,7 +143,7 @@ def main(argv=None):
     except trainer.NonFiniteLoss as e:
         sys.exit(f"error: {e}")
     print()
-    print(write_table(results, settings, os.path.join(args.outdir, 'results.md')))
+    print(write_table(results, settings, os.path.join(args.outdir, 'results.md'), device))
 
 
 if __name__ == '__main__':

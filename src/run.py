@@ -55,9 +55,13 @@ def parse_args(argv=None):
     quick.add_argument('--batch_size', type=positive(int), help="examples per step")
     quick.add_argument('--learning_rate', type=positive(float), help="peak learning rate")
     quick.add_argument('--seed', type=int, default=0, help="seed of every random choice (default 0)")
-    quick.add_argument('--precision', choices=['auto', 'fp32', 'bf16'], default='auto',
+    quick.add_argument('--precision', choices=['auto', 'fp32', 'bf16', 'fp16'], default='auto',
                        help="training arithmetic; auto: bf16 autocast where the hardware has native "
-                            "bf16 (CUDA, CPUs with avx512_bf16/amx), else fp32. Evaluation is always fp32.")
+                            "bf16 (NVIDIA GPUs from compute capability 8.0, CPUs with avx512_bf16/amx), "
+                            "else fp32. fp16: autocast with a gradient scaler, for older GPUs (T4, V100). "
+                            "Evaluation is always fp32.")
+    quick.add_argument('--device', choices=['auto', 'cuda', 'mps', 'cpu'], default='auto',
+                       help="where to run; auto: CUDA, else Apple's MPS, else the CPU")
     quick.add_argument('--resume', action='store_true',
                        help="continue an interrupted pretrain/finetune from its saved state")
     return argp.parse_args(argv)
@@ -100,8 +104,7 @@ def evaluate(args):
     pretrain_dataset = load_pretrain_dataset(args)
     gpt = build_model(args, pretrain_dataset)
     gpt.load_state_dict(load_params(args.reading_params_path))
-    device = 'cuda' if torch.cuda.is_available() else 'cpu'
-    gpt.to(device)
+    gpt.to(utils.pick_device(args.device))
 
     lines = utils.read_lines(args.eval_corpus_path)
     prompts = [encode_question(line.split('\t')[0], pretrain_dataset) for line in lines]
@@ -145,18 +148,18 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
     path = args.writing_params_path
+    device = utils.pick_device(args.device)
     config = trainer.TrainerConfig(
         **settings, lr_decay=True, warmup_tokens=512 * 20,
         final_tokens=200 * len(pretrain_dataset) * BLOCK_SIZE,
-        precision=training_precision(args.precision),
+        precision=training_precision(args.precision, device), device=device,
         resume_path=path + '.resume', resume=args.resume, metrics_path=path + '.metrics.csv')
     if not args.resume and os.path.exists(config.resume_path):
         print(f"note: starting afresh; {config.resume_path} (an interrupted run's state) will be "
               f"replaced. Add --resume to continue that run instead.")
     print(f"{phase}: {settings['max_epochs']} epochs, batch {settings['batch_size']}, "
           f"lr {settings['learning_rate']:g}, {sum(p.numel() for p in gpt.parameters()):,} parameters, "
-          + ("bf16 autocast (native on this hardware; --precision fp32 for the original's fp32)"
-             if config.precision == 'bf16' else "fp32"))
+          + f"on {device}, " + PRECISION_NAMES[config.precision])
     run = trainer.Trainer(gpt, train_dataset, None, config)
     run.train()
     utils.atomic_save(trainer.cpu_state_dict(gpt), path)
@@ -165,12 +168,24 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
           f"({run.tokens_per_s(run.steps_run, BLOCK_SIZE - 1):,.0f} tokens/s), final loss {run.final_loss:.4f}; params written to {path}")
 
 
-def training_precision(choice):
+PRECISION_NAMES = {
+    'fp32': "fp32",
+    'bf16': "bf16 autocast (--precision fp32 for the original's fp32)",
+    'fp16': "fp16 autocast with a gradient scaler (--precision fp32 for the original's fp32)",
+}
+
+
+def training_precision(choice, device):
+    """The precision to train in: `choice`, or for auto, bf16 where `device` has it natively."""
     if choice != 'auto':
         return choice
-    if torch.cuda.is_available():
-        return 'bf16' if torch.cuda.is_bf16_supported() else 'fp32'
-    return 'bf16' if cpu_has_native_bf16() else 'fp32'
+    if device == 'cuda':
+        # native bf16 from Ampere (8.0) on: torch.cuda.is_bf16_supported() also says True on
+        # older GPUs (T4, V100), which emulate it slowly
+        return 'bf16' if torch.cuda.get_device_capability() >= (8, 0) else 'fp32'
+    if device == 'cpu':
+        return 'bf16' if cpu_has_native_bf16() else 'fp32'
+    return 'fp32'  # MPS: bf16 is native only on recent Apple chips, and we have not measured it
 
 
 def cpu_has_native_bf16():
@@ -229,6 +244,7 @@ def check_args(args):
             raise utils.UserError(f"{args.function} needs --{name}")
     if args.resume and args.function == 'evaluate':
         raise utils.UserError("--resume applies to pretrain and finetune only")
+    utils.pick_device(args.device)
     corpus = utils.read_text(args.pretrain_corpus_path)
     for reserved in (dataset.PAD_CHAR, dataset.MASK_CHAR):
         if reserved in corpus:

@@ -38,7 +38,8 @@ class TrainerConfig:
     ckpt_path = None  # the model's state_dict is saved here after every epoch
     num_workers = 0  # accepted for compatibility: batches are always built in this process
     # additions, all off by default
-    precision = 'fp32'  # 'bf16': autocast the forward pass to bfloat16
+    precision = 'fp32'  # 'bf16' or 'fp16': autocast the forward pass (fp16 with a gradient scaler)
+    device = 'auto'  # 'cuda', 'mps' or 'cpu'; auto: the first available (utils.pick_device)
     resume_path = None  # keep a resumable state here: on Ctrl-C/SIGTERM and every minute
     resume = False  # continue from the state in resume_path
     metrics_path = None  # a CSV row per step: epoch, step, loss, lr, tokens, seconds
@@ -70,8 +71,11 @@ class Trainer:
         self.train_dataset = train_dataset
         self.test_dataset = test_dataset
         self.config = config
-        self.device = 'cuda' if torch.cuda.is_available() else 'cpu'
+        self.device = utils.pick_device(config.device)
         self.model = self.model.to(self.device)
+        # fp16's narrow range needs the loss scaled up so that small gradients do not
+        # underflow; disabled, the scaler passes everything through unchanged
+        self.scaler = torch.amp.GradScaler(self.device, enabled=config.precision == 'fp16')
         self.tokens = 0  # counter used for learning rate decay
 
     def save_checkpoint(self):
@@ -110,13 +114,13 @@ class Trainer:
         examples = [dataset[i] for i in range(step * bs, min((step + 1) * bs, len(dataset)))]
         x = torch.stack([x for x, _ in examples])  # (b, T)
         y = torch.stack([y for _, y in examples])  # (b, T)
-        if self.device == 'cuda':
-            return x.pin_memory().to('cuda', non_blocking=True), y.pin_memory().to('cuda', non_blocking=True)
-        return x, y
+        if self.device == 'cuda':  # pinned, the copy does not wait for the GPU
+            x, y = x.pin_memory(), y.pin_memory()
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def autocast(self):
-        return torch.autocast(self.device, dtype=torch.bfloat16,
-                              enabled=self.config.precision == 'bf16')
+        dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(self.config.precision)
+        return torch.autocast(self.device, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
     def train(self):
         model, config = self.model, self.config
@@ -171,7 +175,8 @@ class Trainer:
         except NonFiniteLoss as e:
             kept = (f"the last good state is kept in {config.resume_path}" if config.resume_path
                     and os.path.exists(config.resume_path) else "no earlier state had been saved yet")
-            raise NonFiniteLoss(f"{e}; stopped, {kept}; a lower learning rate may help") from None
+            hint = "--precision fp32 or " if config.precision == 'fp16' else ""
+            raise NonFiniteLoss(f"{e}; stopped, {kept}; {hint}a lower learning rate may help") from None
         finally:
             pbar.close()
             log.close()
@@ -184,11 +189,15 @@ class Trainer:
             os.remove(config.resume_path)  # finished: nothing left to resume
 
     def update(self, optimizer, loss):
-        """One optimizer step on the gradient of loss, clipped to grad_norm_clip."""
+        """One optimizer step on the gradient of loss, clipped to grad_norm_clip. With fp16,
+        the gradients are unscaled before clipping, and a step whose gradients overflowed
+        is skipped (the scaler then lowers its scale)."""
         self.model.zero_grad(set_to_none=True)
-        loss.backward()
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_norm_clip)
-        optimizer.step()
+        self.scaler.step(optimizer)
+        self.scaler.update()
 
     def tokens_per_s(self, steps, T):
         """Target positions per second, counted like the schedule (batch x T per step)."""
@@ -232,6 +241,7 @@ class Trainer:
         state = {
             'model': cpu_state_dict(self.model),
             'optimizer': optimizer.state_dict(),
+            'scaler': self.scaler.state_dict(),  # fp16's loss scale; empty otherwise
             'epoch': epoch, 'step': step, 'tokens': self.tokens, 'elapsed': self.elapsed,
             'config': {k: getattr(config, k) for k in RESUME_KEYS},
             'dataset_len': len(self.train_dataset),
@@ -258,6 +268,8 @@ class Trainer:
                                   f"settings ({', '.join(differ)}); run the same command again")
         self.model.load_state_dict(state['model'])
         optimizer.load_state_dict(state['optimizer'])
+        if state.get('scaler'):
+            self.scaler.load_state_dict(state['scaler'])
         self.tokens, self.elapsed = state['tokens'], state['elapsed']
         self.resumed_elapsed = self.elapsed
         random.setstate(state['python_rng'])

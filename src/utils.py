@@ -23,6 +23,21 @@ def set_seed(seed):
     torch.cuda.manual_seed_all(seed)
 
 
+# --- Device ------------------------------------------------------------------------------
+
+def pick_device(requested='auto'):
+    """'cuda', 'mps' or 'cpu': the one place the device is chosen. auto: an NVIDIA GPU,
+    else Apple's GPU (every op the model, trainer and decoder use has an MPS kernel),
+    else the CPU. A device that is asked for but missing is a UserError."""
+    available = {'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available(),
+                 'cpu': True}
+    if requested in (None, 'auto'):
+        return next(device for device, ok in available.items() if ok)
+    if not available[requested]:
+        raise UserError(f"--device {requested}: not available on this machine (torch {torch.__version__})")
+    return requested
+
+
 # --- Files -------------------------------------------------------------------------------
 
 def find_data_file(path):

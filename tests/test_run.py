@@ -367,3 +367,26 @@ def test_dataset_view_runs_without_sigpipe(tiny, monkeypatch, capsys):
     runpy.run_path(str(ROOT / 'src' / 'dataset.py'), run_name='__main__')
     lines = capsys.readouterr().out.splitlines()
     assert sum(l.startswith('x: Where was') for l in lines) == 4
+
+
+@pytest.mark.parametrize('capability, expected', [((6, 0), 'fp32'), ((7, 0), 'fp32'), ((7, 5), 'fp32'),
+                                                  ((8, 0), 'bf16'), ((9, 0), 'bf16')])
+def test_auto_precision_is_bf16_only_where_native(monkeypatch, capability, expected):
+    """P100, V100 and T4 emulate bf16, and torch.cuda.is_bf16_supported() says True there."""
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda *a, **k: capability)
+    assert run.training_precision('auto', 'cuda') == expected
+    assert run.training_precision('fp16', 'cuda') == 'fp16' and run.training_precision('fp32', 'cuda') == 'fp32'
+    assert run.training_precision('auto', 'mps') == 'fp32'
+    for native in (True, False):
+        monkeypatch.setattr(run, 'cpu_has_native_bf16', lambda: native)
+        assert run.training_precision('auto', 'cpu') == ('bf16' if native else 'fp32')
+
+
+def test_missing_device_is_one_clear_line(tiny, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(torch.backends.mps, 'is_available', lambda: False)
+    for device in ('cuda', 'mps'):
+        code = main('pretrain', 'vanilla', 'wiki.txt', '--writing_params_path', 'x.params',
+                    '--device', device, cwd=tiny)
+        assert code == 2 and capsys.readouterr().err.startswith(f'error: --device {device}: not available')

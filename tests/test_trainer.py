@@ -133,3 +133,39 @@ def test_interrupt_and_resume_equals_uninterrupted(tmp_path, interrupt_at):
     resumed = train_to_end(tmp_path, interrupt_at)
     for k in straight:
         assert torch.equal(straight[k], resumed[k]), k
+
+
+def test_fp16_gradient_scaler_skips_overflows_and_resumes_exactly(tmp_path):
+    """fp16 autocast with torch.amp.GradScaler, on the CPU: a scale too large for fp16
+    makes gradients overflow, those steps are skipped and the scale halves; the scale is
+    part of the resumable state, so an interrupted run resumes to the same params."""
+    def run(interrupt_at=None, resume=False):
+        random.seed(0)
+        gpt, ds, config = tiny_setup(resume_path=str(tmp_path / 'state.resume'), precision='fp16',
+                                     resume=resume)
+        t = trainer.Trainer(gpt, ds, None, config)
+        if not resume:
+            t.scaler = torch.amp.GradScaler('cpu', init_scale=2.0 ** 40)
+        real, steps = gpt.packed_loss, {'n': 0}
+
+        def counting_loss(x, y):
+            steps['n'] += 1
+            if steps['n'] == interrupt_at:
+                t.stop_signal = signal.SIGINT
+            return real(x, y)
+
+        gpt.packed_loss = counting_loss
+        t.train()
+        return t, gpt.state_dict()
+
+    straight, params = run()
+    assert 0 < straight.scaler.get_scale() < 2.0 ** 36  # several steps overflowed, and were skipped
+    assert all(torch.isfinite(v).all() for v in params.values())
+    with pytest.raises(trainer.TrainingInterrupted):
+        run(interrupt_at=2)
+    saved = torch.load(tmp_path / 'state.resume', weights_only=False)['scaler']
+    assert saved['scale'] == 2.0 ** 38  # two overflowing steps so far
+    resumed, resumed_params = run(resume=True)
+    assert resumed.scaler.get_scale() == straight.scaler.get_scale()
+    for k in params:
+        assert torch.equal(params[k], resumed_params[k]), k

@@ -56,3 +56,18 @@ def test_windows_and_old_mac_line_ends_read_as_the_originals_text_mode(tmp_path)
 def test_evaluate_places_reads_crlf_files(tmp_path):
     (tmp_path / 'dev.tsv').write_bytes(b'Where was Ada born?\tLondon\r\nWhere was Max born?\tOslo\r\n')
     assert utils.evaluate_places(str(tmp_path / 'dev.tsv'), ['London', 'Paris']) == (2.0, 1.0)
+
+
+@pytest.mark.parametrize('cuda, mps, expected', [(True, True, 'cuda'), (False, True, 'mps'),
+                                                 (False, False, 'cpu')])
+def test_device_is_cuda_else_mps_else_cpu(monkeypatch, cuda, mps, expected):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: cuda)
+    monkeypatch.setattr(torch.backends.mps, 'is_available', lambda: mps)
+    assert utils.pick_device('auto') == expected
+    assert utils.pick_device('cpu') == 'cpu'
+    for device, present in (('cuda', cuda), ('mps', mps)):
+        if present:
+            assert utils.pick_device(device) == device
+        else:
+            with pytest.raises(utils.UserError, match=f'--device {device}: not available'):
+                utils.pick_device(device)

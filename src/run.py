@@ -139,7 +139,19 @@ def build_model(args, pretrain_dataset):
 
 
 def load_params(path):
-    return torch.load(path, map_location='cpu', weights_only=True)
+    return plain_param_names(torch.load(path, map_location='cpu', weights_only=True))
+
+
+def plain_param_names(state):
+    """A state_dict saved from a wrapped model under the plain model's names: DataParallel
+    and DistributedDataParallel prefix every name with 'module.', torch.compile with
+    '_orig_mod.' (also inside the name when a submodule was compiled)."""
+    def plain(name):
+        name = name.replace('_orig_mod.', '')
+        while name.startswith('module.'):
+            name = name[len('module.'):]
+        return name
+    return {plain(name): value for name, value in state.items()}
 
 
 def train(args, phase, gpt, train_dataset, pretrain_dataset):
@@ -302,6 +314,8 @@ def check_params(path, variant, vocab_size, corpus_path):
     if isinstance(state, dict) and 'optimizer' in state and 'model' in state:
         raise utils.UserError(f"--reading_params_path {path}: this is an interrupted run's resumable "
                               f"state; continue that run with --resume")
+    if isinstance(state, dict):
+        state = plain_param_names(state)
     if not isinstance(state, dict) or 'tok_emb.weight' not in state:
         raise utils.UserError(f"--reading_params_path {path}: not a GPT state_dict")
     found = 'synthesizer' if 'blocks.0.attn.w1.weight' in state else 'vanilla'

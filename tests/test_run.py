@@ -390,3 +390,24 @@ def test_missing_device_is_one_clear_line(tiny, capsys, monkeypatch):
         code = main('pretrain', 'vanilla', 'wiki.txt', '--writing_params_path', 'x.params',
                     '--device', device, cwd=tiny)
         assert code == 2 and capsys.readouterr().err.startswith(f'error: --device {device}: not available')
+
+
+def test_params_from_wrapped_or_gpu_models_load_as_plain_ones(params, monkeypatch):
+    """DataParallel/DDP ('module.'), torch.compile ('_orig_mod.') and both; and a file
+    whose tensors were saved from a GPU (their storage says cuda:0)."""
+    plain = torch.load(params / 'v.params', weights_only=True)
+    for name, prefix in (('dp', 'module.'), ('compiled', '_orig_mod.'), ('both', 'module._orig_mod.')):
+        torch.save({prefix + k: v for k, v in plain.items()}, params / f'{name}.params')
+    with monkeypatch.context() as m:
+        m.setattr(torch.serialization, 'location_tag', lambda storage: 'cuda:0')
+        torch.save(plain, params / 'gpu.params')
+    if not torch.cuda.is_available():  # the file does hold CUDA storages
+        with pytest.raises(RuntimeError, match='CUDA'):
+            torch.load(params / 'gpu.params', weights_only=True)
+    for name in ('dp', 'compiled', 'both', 'gpu'):
+        run.check_params(str(params / f'{name}.params'), 'vanilla', len(plain['tok_emb.weight']), 'wiki.txt')
+        loaded = run.load_params(str(params / f'{name}.params'))
+        assert loaded.keys() == plain.keys() and all(torch.equal(loaded[k], plain[k]) for k in plain)
+    assert main('finetune', 'vanilla', 'wiki.txt', '--reading_params_path', 'both.params', '--writing_params_path',
+                'f.params', '--finetune_corpus_path', 'train.tsv', '--max_epochs', 1, '--precision', 'fp32',
+                cwd=params) == 0

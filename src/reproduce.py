@@ -104,6 +104,9 @@ def main(argv=None):
     argp.add_argument('--precision', choices=['auto', 'fp32', 'bf16', 'fp16'], default='auto')
     argp.add_argument('--device', choices=['auto', 'cuda', 'mps', 'cpu'], default='auto')
     args = argp.parse_args(argv)
+    if run.PROCESSES > 1:
+        sys.exit("error: reproduce.py runs in one process; for several GPUs, run the handout's "
+                 "pretrain/finetune commands with torchrun (see README)")
     try:
         device = utils.pick_device(args.device)
     except utils.UserError as e:

@@ -29,6 +29,9 @@ ANSWER_LENGTH = 32  # characters decoded after each question
 # question characters that fit before the MASK and the answer (the synthesizer has block_size-1 positions)
 QUESTION_ROOM = BLOCK_SIZE - 1 - 1 - ANSWER_LENGTH
 
+# Under torchrun, how many processes share each batch (each one runs this script).
+PROCESSES = int(os.environ.get('WORLD_SIZE', 1))
+
 # The handout's hyperparameters; --max_epochs, --batch_size, --learning_rate override them.
 PHASE_SETTINGS = {
     'pretrain': dict(max_epochs=650, batch_size=128, learning_rate=6e-3),
@@ -172,9 +175,12 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
     print(f"{phase}: {settings['max_epochs']} epochs, batch {settings['batch_size']}, "
           f"lr {settings['learning_rate']:g}, {sum(p.numel() for p in gpt.parameters()):,} parameters, "
           + f"on {device}, " + PRECISION_NAMES[config.precision])
+    if PROCESSES > 1 and not torch.distributed.is_initialized():
+        trainer.init_distributed(device)
     run = trainer.Trainer(gpt, train_dataset, None, config)
     run.train()
-    utils.atomic_save(trainer.cpu_state_dict(gpt), path)
+    if run.rank == 0:
+        utils.atomic_save(trainer.cpu_state_dict(gpt), path)
     seconds = run.elapsed - run.resumed_elapsed  # this process's share of a resumed run
     print(f"{phase} done: {run.steps_run} steps in {format_seconds(seconds)} "
           f"({run.tokens_per_s(run.steps_run, BLOCK_SIZE - 1):,.0f} tokens/s), final loss {run.final_loss:.4f}; params written to {path}")
@@ -256,7 +262,15 @@ def check_args(args):
             raise utils.UserError(f"{args.function} needs --{name}")
     if args.resume and args.function == 'evaluate':
         raise utils.UserError("--resume applies to pretrain and finetune only")
-    utils.pick_device(args.device)
+    device = utils.pick_device(args.device)
+    if PROCESSES > 1:
+        if args.function == 'evaluate':
+            raise utils.UserError("evaluate runs in one process: use python, not torchrun")
+        if device == 'mps':
+            raise utils.UserError("torchrun: several processes need CUDA GPUs or the CPU (--device cpu), not MPS")
+        if device == 'cuda' and int(os.environ['LOCAL_RANK']) >= torch.cuda.device_count():
+            raise utils.UserError(f"torchrun started more processes per node than the "
+                                  f"{torch.cuda.device_count()} GPUs here (--nproc_per_node)")
     corpus = utils.read_text(args.pretrain_corpus_path)
     for reserved in (dataset.PAD_CHAR, dataset.MASK_CHAR):
         if reserved in corpus:
@@ -349,14 +363,19 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     phases = {'pretrain': pretrain, 'finetune': finetune, 'evaluate': evaluate}
+    if int(os.environ.get('RANK', 0)) > 0:
+        sys.stdout = open(os.devnull, 'w')  # under torchrun, process 0 speaks for all
     try:
         check_args(args)
         phases[args.function](args)
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
     except utils.UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except trainer.TrainingInterrupted as e:
-        command = ['python', 'src/run.py'] + argv + ([] if args.resume else ['--resume'])
+        launcher = ['torchrun', f'--nproc_per_node={PROCESSES}'] if PROCESSES > 1 else ['python']
+        command = launcher + ['src/run.py'] + argv + ([] if args.resume else ['--resume'])
         print(f"\n{e}. To continue: {shlex.join(command)}", file=sys.stderr)
         sys.exit(130)
     except trainer.NonFiniteLoss as e:

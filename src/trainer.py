@@ -6,6 +6,10 @@ same schedule), faster: batches are built in this process (span corruption is ch
 it keeps runs reproducible and resumable) and the loss skips positions that cannot
 affect it (GPT.packed_loss). Long runs can keep a resumable state: Ctrl-C or SIGTERM
 saves it and stops; `resume=True` continues exactly where the run stopped.
+
+Under torchrun (init_distributed), each process computes the loss of its share of every
+batch's rows and DistributedDataParallel averages the gradients: the steps are those of one
+process, and process 0 alone writes files.
 """
 import csv
 import math
@@ -17,8 +21,11 @@ import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.nn as nn
 from tqdm import tqdm
 
+import model as gpt_model
 import utils
 
 
@@ -73,13 +80,23 @@ class Trainer:
         self.config = config
         self.device = utils.pick_device(config.device)
         self.model = self.model.to(self.device)
+        self.rank, self.world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        self.ddp = None
+        if self.world_size > 1:
+            # DDP reduces gradients only for what runs through a module's forward; it also
+            # copies process 0's parameters to every process here
+            self.ddp = nn.parallel.DistributedDataParallel(
+                PackedLoss(self.model), broadcast_buffers=False,  # the buffers are constant masks
+                device_ids=[torch.cuda.current_device()] if self.device == 'cuda' else None)
+            if self.rank > 0:  # each process its own dropout masks
+                torch.manual_seed((torch.initial_seed() + self.rank) % 2**63)
         # fp16's narrow range needs the loss scaled up so that small gradients do not
         # underflow; disabled, the scaler passes everything through unchanged
         self.scaler = torch.amp.GradScaler(self.device, enabled=config.precision == 'fp16')
         self.tokens = 0  # counter used for learning rate decay
 
     def save_checkpoint(self):
-        if self.config.ckpt_path is not None:
+        if self.config.ckpt_path is not None and self.rank == 0:
             utils.atomic_save(cpu_state_dict(self.model), self.config.ckpt_path)
 
     def lr_at(self, tokens):
@@ -109,14 +126,40 @@ class Trainer:
                                  fused=self.device == 'cuda')
 
     def batch(self, dataset, step):
-        """Batch number `step` of an epoch: the original loader's order (no shuffling)."""
+        """Batch number `step` of an epoch, on the CPU: the original loader's order (no
+        shuffling). Every process builds the whole batch, with the same random spans."""
         bs = self.config.batch_size
         examples = [dataset[i] for i in range(step * bs, min((step + 1) * bs, len(dataset)))]
         x = torch.stack([x for x, _ in examples])  # (b, T)
         y = torch.stack([y for _, y in examples])  # (b, T)
+        return x, y
+
+    def to_device(self, *tensors):
         if self.device == 'cuda':  # pinned, the copy does not wait for the GPU
-            x, y = x.pin_memory(), y.pin_memory()
-        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            tensors = [t.pin_memory() for t in tensors]
+        return [t.to(self.device, non_blocking=True) for t in tensors]
+
+    def loss(self, x, y):
+        """The loss of the CPU batch x, y: the mean over its non-PAD targets, as
+        forward() computes it. The packing is worked out on the CPU, before the batch
+        moves, so that it costs the GPU no synchronisation. Under torchrun, this process
+        takes every world_size-th row by length (so each gets a similar share of the
+        work), sums its rows' losses and divides by the whole batch's count of targets,
+        times world_size since DDP averages the processes' gradients."""
+        lengths = gpt_model.target_lengths(y)  # (b,)
+        if self.ddp is None:
+            x, y = self.to_device(x, y)
+            with self.autocast():
+                return self.model.packed_loss(x, y, lengths)
+        rows = lengths.argsort(descending=True, stable=True)[self.rank::self.world_size]
+        share = 1.0
+        if len(rows) == 0:  # fewer rows than processes: still join the gradient reduction
+            rows, share = rows.new_zeros(1), 0.0
+        n_targets = int((y != 0).sum()) / self.world_size
+        x, y = self.to_device(x[rows], y[rows])
+        lengths = lengths[rows]
+        with self.autocast():
+            return self.ddp(x, y, lengths, n_targets) * share
 
     def autocast(self):
         dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(self.config.precision)
@@ -130,11 +173,12 @@ class Trainer:
         self.tokens, self.elapsed, self.resumed_elapsed = 0, 0.0, 0.0
         if config.resume:
             start_epoch, start_step = self.load_resume_state(optimizer)
-        log = MetricsLog(config.metrics_path, append=config.resume)
+        log = MetricsLog(config.metrics_path if self.rank == 0 else None, append=config.resume,
+                         average=self.average)
         total_steps = config.max_epochs * steps_per_epoch
         done = start_epoch * steps_per_epoch + start_step
         pbar = tqdm(total=total_steps, initial=done, unit='step', dynamic_ncols=True,
-                    smoothing=0.05, disable=total_steps == 0)
+                    smoothing=0.05, disable=total_steps == 0 or self.rank > 0)
         self.stop_signal = None
         handlers = self.catch_stop_signals() if config.resume_path else {}
         start_time, first_done, last_save = time.time() - self.elapsed, done, time.time()
@@ -143,8 +187,7 @@ class Trainer:
                 model.train()
                 for it in range(start_step, steps_per_epoch):
                     x, y = self.batch(self.train_dataset, it)
-                    with self.autocast():
-                        loss = model.packed_loss(x, y)
+                    loss = self.loss(x, y)
                     self.update(optimizer, loss)
                     # As in the original: the schedule moves after the step, counting every
                     # target position (PADs too), and the new rate applies from the next step.
@@ -154,13 +197,15 @@ class Trainer:
                         param_group['lr'] = lr
                     done += 1
                     log.add(epoch, done, loss.detach(), lr, self.tokens)
-                    if done % config.log_every == 0 or it == steps_per_epoch - 1:
+                    logged = done % config.log_every == 0 or it == steps_per_epoch - 1
+                    if logged:
                         self.elapsed = time.time() - start_time
                         last_loss = log.flush(self.elapsed)
                         pbar.set_description(f"epoch {epoch+1} iter {it}: train loss {last_loss:.5f}. lr {lr:e}")
                         pbar.set_postfix_str(f"{self.tokens_per_s(done - first_done, y.size(1)):,.0f} tok/s")
                         pbar.update(done - pbar.n)
-                    if self.stop_signal is not None:
+                    # processes must stop after the same step: they agree where they log
+                    if (logged or self.ddp is None) and self.any_process(self.stop_signal is not None):
                         self.elapsed = time.time() - start_time
                         self.stop(epoch, it + 1, optimizer, log)
                 start_step = 0
@@ -169,7 +214,7 @@ class Trainer:
                 self.elapsed = time.time() - start_time
                 log.flush(self.elapsed)
                 self.save_checkpoint()
-                if config.resume_path and time.time() - last_save >= config.save_every_s:
+                if config.resume_path and self.any_process(time.time() - last_save >= config.save_every_s):
                     self.save_resume_state(epoch + 1, 0, optimizer)
                     last_save = time.time()
         except NonFiniteLoss as e:
@@ -185,8 +230,24 @@ class Trainer:
         self.elapsed = time.time() - start_time
         self.steps_run = done - first_done
         self.final_loss = log.last_loss
-        if config.resume_path and os.path.exists(config.resume_path):
+        if config.resume_path and os.path.exists(config.resume_path) and self.rank == 0:
             os.remove(config.resume_path)  # finished: nothing left to resume
+
+    def any_process(self, flag):
+        """Whether flag is true in any process; every process must ask at the same step."""
+        if self.ddp is None:
+            return flag
+        flag = torch.tensor([float(flag)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def average(self, values):
+        """values averaged over the processes (each process's loss is its share times world_size)."""
+        if self.ddp is not None:
+            values = values.to(self.device)
+            dist.all_reduce(values)
+            values = values / self.world_size
+        return values
 
     def update(self, optimizer, loss):
         """One optimizer step on the gradient of loss, clipped to grad_norm_clip. With fp16,
@@ -209,7 +270,7 @@ class Trainer:
         self.model.eval()
         losses = []
         for it in range(math.ceil(len(self.test_dataset) / self.config.batch_size)):
-            x, y = self.batch(self.test_dataset, it)
+            x, y = self.to_device(*self.batch(self.test_dataset, it))
             with self.autocast():
                 losses.append(self.model.packed_loss(x, y).item())
         print("test loss: %f" % np.mean(losses))
@@ -219,12 +280,13 @@ class Trainer:
 
     def catch_stop_signals(self):
         """Ctrl-C and SIGTERM (a preempted VM) ask the loop to stop after the current step;
-        a second Ctrl-C stops at once."""
+        a second Ctrl-C stops at once, except under torchrun, which passes the terminal's
+        Ctrl-C on to its processes a second time (and kills them itself if they linger)."""
         if threading.current_thread() is not threading.main_thread():
             return {}
 
         def ask_to_stop(signum, frame):
-            if self.stop_signal is not None:
+            if self.stop_signal is not None and self.ddp is None:
                 raise KeyboardInterrupt
             self.stop_signal = signum
 
@@ -237,7 +299,16 @@ class Trainer:
             f"interrupted at epoch {epoch + 1}, step {step}; state saved to {self.config.resume_path}")
 
     def save_resume_state(self, epoch, step, optimizer):
+        """Process 0 writes it; under torchrun every process calls it, for its random state."""
         config = self.config
+        rng = {'torch': torch.get_rng_state(),
+               'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+        process_rngs = [rng]
+        if self.ddp is not None:
+            process_rngs = [None] * self.world_size
+            dist.all_gather_object(process_rngs, rng)
+        if self.rank > 0:
+            return
         state = {
             'model': cpu_state_dict(self.model),
             'optimizer': optimizer.state_dict(),
@@ -247,8 +318,10 @@ class Trainer:
             'dataset_len': len(self.train_dataset),
             'python_rng': random.getstate(),
             'numpy_rng': np.random.get_state(),
-            'torch_rng': torch.get_rng_state(),
-            'cuda_rng': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            'torch_rng': rng['torch'],
+            'cuda_rng': rng['cuda'],
+            'processes': self.world_size,
+            'process_rngs': process_rngs,  # each process's dropout stream
         }
         utils.atomic_save(state, config.resume_path)
 
@@ -263,6 +336,8 @@ class Trainer:
         differ = [k for k in RESUME_KEYS if state['config'][k] != getattr(config, k)]
         if state['dataset_len'] != len(self.train_dataset):
             differ.append('dataset')
+        if state.get('processes', 1) != self.world_size:
+            differ.append(f"{state.get('processes', 1)} processes, not {self.world_size}")
         if differ:
             raise utils.UserError(f"--resume: {config.resume_path} was saved by a run with other "
                                   f"settings ({', '.join(differ)}); run the same command again")
@@ -274,9 +349,11 @@ class Trainer:
         self.resumed_elapsed = self.elapsed
         random.setstate(state['python_rng'])
         np.random.set_state(state['numpy_rng'])
-        torch.set_rng_state(state['torch_rng'])
-        if state['cuda_rng'] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state['cuda_rng'])
+        rng = state['process_rngs'][self.rank] if 'process_rngs' in state else \
+            {'torch': state['torch_rng'], 'cuda': state['cuda_rng']}
+        torch.set_rng_state(rng['torch'])
+        if rng['cuda'] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng['cuda'])
         print(f"resuming from {config.resume_path}: epoch {state['epoch'] + 1}, step {state['step']}")
         return state['epoch'], state['step']
 
@@ -287,8 +364,8 @@ class MetricsLog:
 
     FIELDS = ['epoch', 'step', 'loss', 'lr', 'tokens', 'seconds']
 
-    def __init__(self, path, append):
-        self.rows, self.last_loss = [], float('nan')
+    def __init__(self, path, append, average=lambda losses: losses):
+        self.rows, self.last_loss, self.average = [], float('nan'), average
         self.file = self.writer = None
         if path:
             new = not (append and os.path.exists(path))
@@ -303,7 +380,7 @@ class MetricsLog:
     def flush(self, seconds):
         if not self.rows:
             return self.last_loss
-        losses = torch.stack([r[2] for r in self.rows]).float().tolist()
+        losses = self.average(torch.stack([r[2] for r in self.rows]).float()).tolist()
         for (epoch, step, _, lr, tokens), loss in zip(self.rows, losses):
             if not math.isfinite(loss):
                 raise NonFiniteLoss(f"the loss became {loss} at epoch {epoch}, step {step}")
@@ -317,6 +394,24 @@ class MetricsLog:
     def close(self):
         if self.file:
             self.file.close()
+
+
+class PackedLoss(nn.Module):
+    """model.packed_loss as a module's forward, for DistributedDataParallel to wrap."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args):
+        return self.model.packed_loss(*args)
+
+
+def init_distributed(device):
+    """Under torchrun: join the other processes, one per GPU (nccl) or CPU processes (gloo)."""
+    if device == 'cuda':
+        torch.cuda.set_device(int(os.environ['LOCAL_RANK']))
+    dist.init_process_group('nccl' if device == 'cuda' else 'gloo')
 
 
 def cpu_state_dict(model):

@@ -104,11 +104,11 @@ def train_to_end(tmp_path, interrupt_at=None, precision='fp32'):
     steps = {'n': 0}
     loss_fn = gpt.packed_loss
 
-    def counting_loss(x, y):
+    def counting_loss(x, y, *rest):
         steps['n'] += 1
         if steps['n'] == interrupt_at:
             os.kill(os.getpid(), signal.SIGINT)
-        return loss_fn(x, y)
+        return loss_fn(x, y, *rest)
 
     gpt.packed_loss = counting_loss
     if interrupt_at is not None:
@@ -148,11 +148,11 @@ def test_fp16_gradient_scaler_skips_overflows_and_resumes_exactly(tmp_path):
             t.scaler = torch.amp.GradScaler('cpu', init_scale=2.0 ** 40)
         real, steps = gpt.packed_loss, {'n': 0}
 
-        def counting_loss(x, y):
+        def counting_loss(x, y, *rest):
             steps['n'] += 1
             if steps['n'] == interrupt_at:
                 t.stop_signal = signal.SIGINT
-            return real(x, y)
+            return real(x, y, *rest)
 
         gpt.packed_loss = counting_loss
         t.train()

@@ -164,6 +164,8 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
             settings[name] = getattr(args, name)
     path = args.writing_params_path
     device = utils.pick_device(args.device)
+    if PROCESSES > 1 and not torch.distributed.is_initialized():
+        trainer.init_distributed(device)  # first: it picks this process's GPU
     config = trainer.TrainerConfig(
         **settings, lr_decay=True, warmup_tokens=512 * 20,
         final_tokens=200 * len(pretrain_dataset) * BLOCK_SIZE,
@@ -175,8 +177,6 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
     print(f"{phase}: {settings['max_epochs']} epochs, batch {settings['batch_size']}, "
           f"lr {settings['learning_rate']:g}, {sum(p.numel() for p in gpt.parameters()):,} parameters, "
           + f"on {device}, " + PRECISION_NAMES[config.precision])
-    if PROCESSES > 1 and not torch.distributed.is_initialized():
-        trainer.init_distributed(device)
     run = trainer.Trainer(gpt, train_dataset, None, config)
     run.train()
     if run.rank == 0:

@@ -303,6 +303,8 @@ class Trainer:
         config = self.config
         rng = {'torch': torch.get_rng_state(),
                'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+        if self.device == 'mps':
+            rng['mps'] = torch.mps.get_rng_state()
         process_rngs = [rng]
         if self.ddp is not None:
             process_rngs = [None] * self.world_size
@@ -354,6 +356,8 @@ class Trainer:
         torch.set_rng_state(rng['torch'])
         if rng['cuda'] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng['cuda'])
+        if 'mps' in rng and self.device == 'mps':
+            torch.mps.set_rng_state(rng['mps'])
         print(f"resuming from {config.resume_path}: epoch {state['epoch'] + 1}, step {state['step']}")
         return state['epoch'], state['step']
 

@@ -27,8 +27,10 @@ def set_seed(seed):
 
 def pick_device(requested='auto'):
     """'cuda', 'mps' or 'cpu': the one place the device is chosen. auto: an NVIDIA GPU,
-    else Apple's GPU (every op the model, trainer and decoder use has an MPS kernel),
-    else the CPU. A device that is asked for but missing is a UserError."""
+    else Apple's GPU, else the CPU. A device that is asked for but missing is a UserError.
+    The model, trainer and decoder use only standard ops (linear, SDPA, layer norm, GELU,
+    index_select/index_copy, topk), which torch implements on MPS; this was not run on a
+    Mac, and PYTORCH_ENABLE_MPS_FALLBACK=1 would send a missing one to the CPU."""
     available = {'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available(),
                  'cpu': True}
     if requested in (None, 'auto'):

@@ -30,9 +30,13 @@ class Packing:
     nothing, so the positions after that are dead work. The position-wise layers (about
     90% of the FLOPs) run on the kept positions only, as (N, C) rows: about half of the
     batch in pretraining. Attention needs padded rows, so it runs on groups of rows of
-    similar length, each padded only to its own longest row."""
+    similar length, each padded only to its own longest row.
 
-    def __init__(self, lengths, groups=8):
+    The index arithmetic runs on the CPU, where reading sizes back costs no GPU
+    synchronisation; only the two index tensors are copied to `device`."""
+
+    def __init__(self, lengths, groups=8, device=None):
+        lengths = lengths.cpu()  # (B,)
         self.T = int(lengths.max())  # the batch, trimmed to its longest row
         order = lengths.argsort(descending=True, stable=True)
         order = order[lengths[order] > 0]
@@ -46,8 +50,8 @@ class Packing:
             slots.append(start + kept)
             self.shapes.append((len(rows), width))
             start += len(rows) * width
-        self.index = torch.cat(index)  # (N,) where each packed position sits in the (B, T) batch
-        self.slots = torch.cat(slots)  # (N,) where it sits in the groups, laid end to end
+        self.index = _to(torch.cat(index), device)  # (N,) where each packed position sits in the (B, T) batch
+        self.slots = _to(torch.cat(slots), device)  # (N,) where it sits in the groups, laid end to end
 
     def select(self, x):
         """(B, T, ...) batch tensor -> (N, ...) kept positions."""
@@ -63,6 +67,14 @@ class Packing:
     def repack(self, padded):
         """The inverse of unpack."""
         return torch.cat([y.flatten(0, 1) for y in padded]).index_select(0, self.slots)  # (N, C)
+
+
+def _to(indices, device):
+    if device is None or torch.device(device).type == 'cpu':
+        return indices
+    if torch.device(device).type == 'cuda':  # pinned, the copy does not wait for the GPU
+        indices = indices.pin_memory()
+    return indices.to(device, non_blocking=True)
 
 
 def _split_heads(x, n_head):

@@ -70,9 +70,10 @@ def make_model(vocab_size, plain, variant='vanilla', bottleneck_dim=32):
     return gpt
 
 
-def time_steps(steps, n):
+def time_steps(steps, n, device):
     """Median seconds of each of the given functions, run in turn n times after a warm-up:
     interleaving them spreads a shared machine's slow spells over all of them."""
+    synchronize = {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(device, lambda: None)
     for step in steps:
         step()
     times = [[] for _ in steps]
@@ -80,8 +81,7 @@ def time_steps(steps, n):
         for step, record in zip(steps, times):
             start = time.perf_counter()
             step()
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
+            synchronize()
             record.append(time.perf_counter() - start)
     return [sorted(record)[n // 2] for record in times]
 
@@ -89,29 +89,31 @@ def time_steps(steps, n):
 def matmul_peak(dtype, device):
     a = torch.randn(4096, 1024, dtype=dtype, device=device)
     b = torch.randn(1024, 1024, dtype=dtype, device=device)
-    seconds = min(time_steps([lambda: a @ b], 1)[0] for _ in range(20))  # the peak: the best run
+    seconds = min(time_steps([lambda: a @ b], 1, device)[0] for _ in range(20))  # the peak: the best run
     return 2 * 4096 * 1024 * 1024 / seconds
 
 
 def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision, device):
     random.seed(0)
     x, y = zip(*[corpus[i] for i in range(128)])
-    x, y = torch.stack(x).to(device), torch.stack(y).to(device)  # (128, 127)
+    x, y = torch.stack(x), torch.stack(y)  # (128, 127), on the CPU as the trainer builds them
     steps = []
     for plain in (True, False):
         gpt = make_model(corpus.vocab_size, plain, variant, bottleneck_dim)
-        config = trainer.TrainerConfig(**run.PHASE_SETTINGS['pretrain'], learning_rate=6e-3,
+        config = trainer.TrainerConfig(**run.PHASE_SETTINGS['pretrain'], learning_rate=6e-3, device=device,
                                        precision='fp32' if plain else precision)
         t = trainer.Trainer(gpt, corpus, None, config)
         optimizer = t.make_optimizer()
 
         def step(gpt=gpt, t=t, optimizer=optimizer, plain=plain):
-            with t.autocast():
-                loss = gpt(x, y)[1] if plain else gpt.packed_loss(x, y)
+            if plain:
+                loss = gpt(*t.to_device(x, y))[1]
+            else:
+                loss = t.loss(x, y)  # the trainer's: packing on the CPU, then autocast
             t.update(optimizer, loss)
 
         steps.append(step)
-    results = dict(zip(('plain', 'ours'), time_steps(steps, steps_per_path)))
+    results = dict(zip(('plain', 'ours'), time_steps(steps, steps_per_path, device)))
     rows = model.target_lengths(y).tolist()  # positions our step computes, per row
     return results, rows
 
@@ -152,12 +154,13 @@ def main():
                                        "which never stops early: the slowest case for ours)")
     argp.add_argument('--variant', choices=['vanilla', 'synthesizer', 'perceiver', 'rope'], default='vanilla')
     argp.add_argument('--bottleneck_dim', type=int, default=32, help="the perceiver's (default 32)")
-    argp.add_argument('--precision', choices=['auto', 'fp32', 'bf16'], default='auto')
+    argp.add_argument('--precision', choices=['auto', 'fp32', 'bf16', 'fp16'], default='auto')
+    argp.add_argument('--device', choices=['auto', 'cuda', 'mps', 'cpu'], default='auto')
     args = argp.parse_args()
 
-    device = 'cuda' if torch.cuda.is_available() else 'cpu'
-    precision = run.training_precision(args.precision)
     try:
+        device = utils.pick_device(args.device)
+        precision = run.training_precision(args.precision, device)
         corpus = dataset.CharCorruptionDataset(utils.read_text('wiki.txt'), run.BLOCK_SIZE)
         params = (run.load_params(args.params, args.variant, corpus.vocab_size, 'wiki.txt', args.bottleneck_dim)
                   if args.params else None)
@@ -178,7 +181,8 @@ def main():
           f"ours {steps_650 * ours / 3600:.1f} h")
 
     flops = model_flops(sum(rows), rows)
-    peak = matmul_peak(torch.bfloat16 if precision == 'bf16' else torch.float32, device)
+    dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(precision, torch.float32)
+    peak = matmul_peak(dtype, device)
     print(f"  model FLOP/s (ours): {flops / ours / 1e9:.0f} GFLOP/s = {flops / ours / peak:.0%} of this "
           f"machine's {precision} matmul peak ({peak / 1e9:.0f} GFLOP/s)")
 

@@ -10,6 +10,7 @@ finetuning example whose loss covers only the answer. Run as a script to see exa
 import argparse
 import random
 import signal
+import sys
 
 import torch
 from torch.utils.data import Dataset
@@ -108,7 +109,11 @@ def decode(ids, itos):
 
 
 if __name__ == '__main__':
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `... | head` ends quietly, as shell tools do
+    if hasattr(signal, 'SIGPIPE'):  # not on Windows
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `... | head` ends quietly, as shell tools do
+    # PAD and MASK print as themselves, or as '?' where the output's encoding lacks them
+    # (a Windows pipe or file), rather than stopping with UnicodeEncodeError
+    sys.stdout.reconfigure(errors='replace')
     argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     argp.add_argument('dataset_type', choices=['namedata', 'charcorruption'],
                       help="Type of dataset to sample from.")

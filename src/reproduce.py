@@ -68,9 +68,10 @@ def phases(out, edition='2021'):
     return steps
 
 
-def run_phase(argv, output, corpus, overrides):
+def run_phase(argv, output, corpus, overrides, device):
     """Runs one run.py command in this process; evaluate returns (total, correct)."""
     function, variant = argv[:2]
+    argv = argv + ['--device', device]
     if function != 'evaluate':
         argv = argv + overrides + (['--resume'] if os.path.exists(output + '.resume') else [])
     args = run.parse_args([function, variant, corpus] + argv[2:])
@@ -78,8 +79,8 @@ def run_phase(argv, output, corpus, overrides):
     return {'pretrain': run.pretrain, 'finetune': run.finetune, 'evaluate': run.evaluate}[function](args)
 
 
-def machine():
-    if torch.cuda.is_available():
+def machine(device):
+    if device == 'cuda':
         return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
     name = platform.processor() or platform.machine()
     try:
@@ -87,7 +88,7 @@ def machine():
             name = next(line.split(':', 1)[1].strip() for line in f if line.startswith('model name'))
     except (OSError, StopIteration):
         pass
-    return f"{name}, {os.cpu_count()} CPUs, torch {torch.__version__}"
+    return f"{name}, {os.cpu_count()} CPUs{', MPS' if device == 'mps' else ''}, torch {torch.__version__}"
 
 
 def accuracy(total_correct):
@@ -95,8 +96,8 @@ def accuracy(total_correct):
     return f"{correct / total * 100:.1f}% ({correct:.0f}/{total:.0f})" if total else "n/a"
 
 
-def write_table(results, settings, path):
-    lines = ['# Results', '', f"Machine: {machine()}", f"Settings: {settings}", '',
+def write_table(results, settings, path, device):
+    lines = ['# Results', '', f"Machine: {machine(device)}", f"Settings: {settings}", '',
              '| phase | dev accuracy | time |', '|---|---|---|']
     for name, entry in results.items():
         time_taken = run.format_seconds(entry['seconds']) if entry.get('seconds') is not None else 'earlier run'
@@ -111,12 +112,21 @@ def main(argv=None):
     argp.add_argument('--outdir', default='.', help="where the results go (default: here)")
     argp.add_argument('--max_epochs', type=run.positive(int), help="cap every training phase at this")
     argp.add_argument('--seed', type=int, default=0)
-    argp.add_argument('--precision', choices=['auto', 'fp32', 'bf16'], default='auto')
+    argp.add_argument('--precision', choices=['auto', 'fp32', 'bf16', 'fp16'], default='auto')
+    argp.add_argument('--device', choices=['auto', 'cuda', 'mps', 'cpu'], default='auto')
     argp.add_argument('--edition', choices=sorted(SECOND_VARIANT), default='2021',
                       help="the handout edition to run (default 2021: vanilla and synthesizer)")
     args = argp.parse_args(argv)
+    if run.PROCESSES > 1:
+        sys.exit("error: reproduce.py runs in one process; for several GPUs, run the handout's "
+                 "pretrain/finetune commands with torchrun (see README)")
+    try:
+        device = utils.pick_device(args.device)
+    except utils.UserError as e:
+        sys.exit(f"error: {e}")
     overrides = ['--seed', str(args.seed), '--precision', args.precision]
-    settings = f"the {args.edition} handout's, training precision {run.training_precision(args.precision)}, seed {args.seed}"
+    settings = (f"the {args.edition} handout's, training precision "
+                f"{run.training_precision(args.precision, device)}, seed {args.seed}")
     if args.max_epochs:
         overrides += ['--max_epochs', str(args.max_epochs)]
         settings += f", --max_epochs {args.max_epochs} for every training phase"
@@ -132,7 +142,7 @@ def main(argv=None):
             else:
                 print(f"== {name}")
                 start = time.time()
-                run_phase(phase_argv, output, args.pretrain_corpus_path, overrides)
+                run_phase(phase_argv, output, args.pretrain_corpus_path, overrides, device)
                 results[name] = {'seconds': time.time() - start}
             if name.endswith('evaluate dev'):
                 predictions = open(output, encoding='utf-8').read().splitlines()
@@ -152,7 +162,7 @@ def main(argv=None):
     except trainer.NonFiniteLoss as e:
         sys.exit(f"error: {e}")
     print()
-    print(write_table(results, settings, os.path.join(args.outdir, 'results.md')))
+    print(write_table(results, settings, os.path.join(args.outdir, 'results.md'), device))
 
 
 if __name__ == '__main__':

@@ -33,6 +33,9 @@ ANSWER_LENGTH = 32  # characters decoded after each question
 # question characters that fit before the MASK and the answer (the synthesizer has block_size-1 positions)
 QUESTION_ROOM = BLOCK_SIZE - 1 - 1 - ANSWER_LENGTH
 
+# Under torchrun, how many processes share each batch (each one runs this script).
+PROCESSES = int(os.environ.get('WORLD_SIZE', 1))
+
 # The handout's hyperparameters; --max_epochs, --batch_size override them. The learning
 # rates are the flags --pretrain_lr (6e-3) and --finetune_lr (6e-4), as the later editions name them.
 PHASE_SETTINGS = {
@@ -80,9 +83,13 @@ def parse_args(argv=None):
     quick.add_argument('--max_epochs', type=positive(int), help="epochs to train")
     quick.add_argument('--batch_size', type=positive(int), help="examples per step")
     quick.add_argument('--seed', type=int, default=0, help="seed of every random choice (default 0)")
-    quick.add_argument('--precision', choices=['auto', 'fp32', 'bf16'], default='auto',
+    quick.add_argument('--precision', choices=['auto', 'fp32', 'bf16', 'fp16'], default='auto',
                        help="training arithmetic; auto: bf16 autocast where the hardware has native "
-                            "bf16 (CUDA, CPUs with avx512_bf16/amx), else fp32. Evaluation is always fp32.")
+                            "bf16 (NVIDIA GPUs from compute capability 8.0, CPUs with avx512_bf16/amx), "
+                            "else fp32. fp16: autocast with a gradient scaler, for older GPUs (T4, V100). "
+                            "Evaluation is always fp32.")
+    quick.add_argument('--device', choices=['auto', 'cuda', 'mps', 'cpu'], default='auto',
+                       help="where to run; auto: CUDA, else Apple's MPS, else the CPU")
     quick.add_argument('--resume', action='store_true',
                        help="continue an interrupted pretrain/finetune from its saved state")
     args = argp.parse_args(argv)
@@ -129,8 +136,7 @@ def evaluate(args):
     gpt = build_model(args, pretrain_dataset)
     gpt.load_state_dict(load_params(args.reading_params_path, args.variant, pretrain_dataset.vocab_size,
                                     args.pretrain_corpus_path, args.bottleneck_dim))
-    device = 'cuda' if torch.cuda.is_available() else 'cpu'
-    gpt.to(device)
+    gpt.to(utils.pick_device(args.device))
 
     lines = utils.read_lines(args.eval_corpus_path)
     prompts = [encode_question(line.split('\t')[0], pretrain_dataset) for line in lines]
@@ -177,10 +183,13 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
     settings['learning_rate'] = args.pretrain_lr if phase == 'pretrain' else args.finetune_lr
     schedule_epochs = EDITIONS[args.edition]['pretrain_schedule_epochs'] if phase == 'pretrain' else 200
     path = args.writing_params_path
+    device = utils.pick_device(args.device)
+    if PROCESSES > 1 and not torch.distributed.is_initialized():
+        trainer.init_distributed(device)  # first: it picks this process's GPU
     config = trainer.TrainerConfig(
         **settings, lr_decay=True, warmup_tokens=512 * 20,
         final_tokens=schedule_epochs * len(pretrain_dataset) * BLOCK_SIZE,
-        precision=training_precision(args.precision),
+        precision=training_precision(args.precision, device), device=device,
         resume_path=path + '.resume', resume=args.resume, metrics_path=path + '.metrics.csv',
         tensorboard_dir=tensorboard_dir(args))
     if not args.resume and os.path.exists(config.resume_path):
@@ -189,11 +198,11 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
     print(f"{phase}: {settings['max_epochs']} epochs, batch {settings['batch_size']}, "
           f"lr {settings['learning_rate']:g}, {args.edition} edition settings, "
           f"{sum(p.numel() for p in gpt.parameters()):,} parameters, "
-          + ("bf16 autocast (native on this hardware; --precision fp32 for the original's fp32)"
-             if config.precision == 'bf16' else "fp32"))
+          + f"on {device}, " + PRECISION_NAMES[config.precision])
     run = trainer.Trainer(gpt, train_dataset, None, config)
     run.train()
-    utils.atomic_save(trainer.cpu_state_dict(gpt), path)
+    if run.rank == 0:
+        utils.atomic_save(trainer.cpu_state_dict(gpt), path)
     seconds = run.elapsed - run.resumed_elapsed  # this process's share of a resumed run
     print(f"{phase} done: {run.steps_run} steps in {format_seconds(seconds)} "
           f"({run.tokens_per_s(run.steps_run, getattr(train_dataset, 'padded_length', BLOCK_SIZE) - 1):,.0f} tokens/s), final loss {run.final_loss:.4f}; params written to {path}")
@@ -209,12 +218,24 @@ def tensorboard_dir(args):
     return os.path.join(os.path.dirname(args.writing_params_path), 'expt', args.function, name)
 
 
-def training_precision(choice):
+PRECISION_NAMES = {
+    'fp32': "fp32",
+    'bf16': "bf16 autocast (--precision fp32 for the original's fp32)",
+    'fp16': "fp16 autocast with a gradient scaler (--precision fp32 for the original's fp32)",
+}
+
+
+def training_precision(choice, device):
+    """The precision to train in: `choice`, or for auto, bf16 where `device` has it natively."""
     if choice != 'auto':
         return choice
-    if torch.cuda.is_available():
-        return 'bf16' if torch.cuda.is_bf16_supported() else 'fp32'
-    return 'bf16' if cpu_has_native_bf16() else 'fp32'
+    if device == 'cuda':
+        # native bf16 from Ampere (8.0) on: torch.cuda.is_bf16_supported() also says True on
+        # older GPUs (T4, V100), which emulate it slowly
+        return 'bf16' if torch.cuda.get_device_capability() >= (8, 0) else 'fp32'
+    if device == 'cpu':
+        return 'bf16' if cpu_has_native_bf16() else 'fp32'
+    return 'fp32'  # MPS: bf16 is native only on recent Apple chips, and we have not measured it
 
 
 def cpu_has_native_bf16():
@@ -280,6 +301,15 @@ def check_args(args):
             and EDITIONS[args.edition]['pretrain_padded_length'] > BLOCK_SIZE):
         raise utils.UserError(f"--edition {args.edition}: its {BLOCK_SIZE}-long pretraining examples do not "
                               f"fit the synthesizer's {BLOCK_SIZE - 1} positions")
+    device = utils.pick_device(args.device)
+    if PROCESSES > 1:
+        if args.function == 'evaluate':
+            raise utils.UserError("evaluate runs in one process: use python, not torchrun")
+        if device == 'mps':
+            raise utils.UserError("torchrun: several processes need CUDA GPUs or the CPU (--device cpu), not MPS")
+        if device == 'cuda' and int(os.environ['LOCAL_RANK']) >= torch.cuda.device_count():
+            raise utils.UserError(f"torchrun started more processes per node than the "
+                                  f"{torch.cuda.device_count()} GPUs here (--nproc_per_node)")
     corpus = utils.read_text(args.pretrain_corpus_path)
     for reserved in (dataset.PAD_CHAR, dataset.MASK_CHAR):
         if reserved in corpus:
@@ -343,6 +373,7 @@ def load_params(path, variant, vocab_size, corpus_path, bottleneck_dim=32):
         raise utils.UserError(f"--reading_params_path {path}: this is an interrupted run's resumable "
                               f"state; continue that run with --resume")
     utils.check_tensor_dict(state, where)
+    state = plain_param_names(state)
     if 'tok_emb.weight' not in state:
         raise utils.UserError(f"--reading_params_path {path}: not a GPT state_dict")
     found = params_variant(state)
@@ -359,6 +390,18 @@ def load_params(path, variant, vocab_size, corpus_path, bottleneck_dim=32):
     utils.check_state_dict(state, state_shapes(variant, vocab_size, bottleneck_dim), where,
                            f"a {variant} model with {MODEL_SIZE} and block size {BLOCK_SIZE}")
     return state
+
+
+def plain_param_names(state):
+    """A state_dict saved from a wrapped model under the plain model's names: DataParallel
+    and DistributedDataParallel prefix every name with 'module.', torch.compile with
+    '_orig_mod.' (also inside the name when a submodule was compiled)."""
+    def plain(name):
+        name = name.replace('_orig_mod.', '')
+        while name.startswith('module.'):
+            name = name[len('module.'):]
+        return name
+    return {plain(name): value for name, value in state.items()}
 
 
 @functools.lru_cache  # check_args and the phase both load the params
@@ -391,14 +434,19 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     phases = {'pretrain': pretrain, 'finetune': finetune, 'evaluate': evaluate}
+    if int(os.environ.get('RANK', 0)) > 0:
+        sys.stdout = open(os.devnull, 'w')  # under torchrun, process 0 speaks for all
     try:
         check_args(args)
         phases[args.function](args)
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
     except utils.UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except trainer.TrainingInterrupted as e:
-        command = ['python', 'src/run.py'] + argv + ([] if args.resume else ['--resume'])
+        launcher = ['torchrun', f'--nproc_per_node={PROCESSES}'] if PROCESSES > 1 else ['python']
+        command = launcher + ['src/run.py'] + argv + ([] if args.resume else ['--resume'])
         print(f"\n{e}. To continue: {shlex.join(command)}", file=sys.stderr)
         sys.exit(130)
     except trainer.NonFiniteLoss as e:

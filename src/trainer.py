@@ -6,6 +6,10 @@ same schedule), faster: batches are built in this process (span corruption is ch
 it keeps runs reproducible and resumable) and the loss skips positions that cannot
 affect it (GPT.packed_loss). Long runs can keep a resumable state: Ctrl-C or SIGTERM
 saves it and stops; `resume=True` continues exactly where the run stopped.
+
+Under torchrun (init_distributed), each process computes the loss of its share of every
+batch's rows and DistributedDataParallel averages the gradients: the steps are those of one
+process, and process 0 alone writes files.
 """
 import csv
 import math
@@ -17,8 +21,11 @@ import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.nn as nn
 from tqdm import tqdm
 
+import model as gpt_model
 import utils
 
 
@@ -38,7 +45,8 @@ class TrainerConfig:
     ckpt_path = None  # the model's state_dict is saved here after every epoch
     num_workers = 0  # accepted for compatibility: batches are always built in this process
     # additions, all off by default
-    precision = 'fp32'  # 'bf16': autocast the forward pass to bfloat16
+    precision = 'fp32'  # 'bf16' or 'fp16': autocast the forward pass (fp16 with a gradient scaler)
+    device = 'auto'  # 'cuda', 'mps' or 'cpu'; auto: the first available (utils.pick_device)
     resume_path = None  # keep a resumable state here: on Ctrl-C/SIGTERM and every minute
     resume = False  # continue from the state in resume_path
     metrics_path = None  # a CSV row per step: epoch, step, loss, lr, tokens, seconds
@@ -57,12 +65,14 @@ RESUME_KEYS = ('max_epochs', 'batch_size', 'learning_rate', 'betas', 'grad_norm_
 
 # What a resumable state holds, and the type of each part: tensors and plain Python values
 # only, so that it loads with weights_only=True (and so cannot run code).
-RESUME_STATE = {'model': dict, 'optimizer': dict, 'epoch': int, 'step': int, 'tokens': int,
-                'elapsed': (int, float), 'config': dict, 'dataset_len': int, 'python_rng': tuple,
-                'numpy_rng': tuple, 'torch_rng': torch.Tensor, 'cuda_rng': list}
+RESUME_STATE = {'model': dict, 'optimizer': dict, 'scaler': dict, 'epoch': int, 'step': int, 'tokens': int,
+                'elapsed': (int, float), 'config': dict, 'dataset_len': int, 'processes': int,
+                'python_rng': tuple, 'numpy_rng': tuple, 'process_rngs': list}
 # For a state refused for holding objects: states saved before RESUME_STATE kept numpy's
-# random state as an ndarray; this turns it into plain numbers.
-NUMPY_STATE_AS_LISTS = '{**s, "numpy_rng": tuple(getattr(x, "tolist", lambda: x)() for x in s["numpy_rng"])}'
+# random state as an ndarray, and torch's random state beside it; this turns them into
+# what RESUME_STATE holds.
+UPGRADE_OLD_STATE = ('{**s, "numpy_rng": tuple(getattr(x, "tolist", lambda: x)() for x in s["numpy_rng"]), '
+                     '"scaler": {}, "processes": 1, "process_rngs": [{"torch": s["torch_rng"], "cuda": s["cuda_rng"]}]}')
 
 
 class TrainingInterrupted(Exception):
@@ -80,12 +90,25 @@ class Trainer:
         self.train_dataset = train_dataset
         self.test_dataset = test_dataset
         self.config = config
-        self.device = 'cuda' if torch.cuda.is_available() else 'cpu'
+        self.device = utils.pick_device(config.device)
         self.model = self.model.to(self.device)
+        self.rank, self.world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        self.ddp = None
+        if self.world_size > 1:
+            # DDP reduces gradients only for what runs through a module's forward; it also
+            # copies process 0's parameters to every process here
+            self.ddp = nn.parallel.DistributedDataParallel(
+                PackedLoss(self.model), broadcast_buffers=False,  # the buffers are constant masks
+                device_ids=[torch.cuda.current_device()] if self.device == 'cuda' else None)
+            if self.rank > 0:  # each process its own dropout masks
+                torch.manual_seed((torch.initial_seed() + self.rank) % 2**63)
+        # fp16's narrow range needs the loss scaled up so that small gradients do not
+        # underflow; disabled, the scaler passes everything through unchanged
+        self.scaler = torch.amp.GradScaler(self.device, enabled=config.precision == 'fp16')
         self.tokens = 0  # counter used for learning rate decay
 
     def save_checkpoint(self):
-        if self.config.ckpt_path is not None:
+        if self.config.ckpt_path is not None and self.rank == 0:
             utils.atomic_save(cpu_state_dict(self.model), self.config.ckpt_path)
 
     def lr_at(self, tokens):
@@ -115,18 +138,44 @@ class Trainer:
                                  fused=self.device == 'cuda')
 
     def batch(self, dataset, step):
-        """Batch number `step` of an epoch: the original loader's order (no shuffling)."""
+        """Batch number `step` of an epoch, on the CPU: the original loader's order (no
+        shuffling). Every process builds the whole batch, with the same random spans."""
         bs = self.config.batch_size
         examples = [dataset[i] for i in range(step * bs, min((step + 1) * bs, len(dataset)))]
         x = torch.stack([x for x, _ in examples])  # (b, T)
         y = torch.stack([y for _, y in examples])  # (b, T)
-        if self.device == 'cuda':
-            return x.pin_memory().to('cuda', non_blocking=True), y.pin_memory().to('cuda', non_blocking=True)
         return x, y
 
+    def to_device(self, *tensors):
+        if self.device == 'cuda':  # pinned, the copy does not wait for the GPU
+            tensors = [t.pin_memory() for t in tensors]
+        return [t.to(self.device, non_blocking=True) for t in tensors]
+
+    def loss(self, x, y):
+        """The loss of the CPU batch x, y: the mean over its non-PAD targets, as
+        forward() computes it. The packing is worked out on the CPU, before the batch
+        moves, so that it costs the GPU no synchronisation. Under torchrun, this process
+        takes every world_size-th row by length (so each gets a similar share of the
+        work), sums its rows' losses and divides by the whole batch's count of targets,
+        times world_size since DDP averages the processes' gradients."""
+        lengths = gpt_model.target_lengths(y)  # (b,)
+        if self.ddp is None:
+            x, y = self.to_device(x, y)
+            with self.autocast():
+                return self.model.packed_loss(x, y, lengths)
+        rows = lengths.argsort(descending=True, stable=True)[self.rank::self.world_size]
+        share = 1.0
+        if len(rows) == 0:  # fewer rows than processes: still join the gradient reduction
+            rows, share = rows.new_zeros(1), 0.0
+        n_targets = int((y != 0).sum()) / self.world_size
+        x, y = self.to_device(x[rows], y[rows])
+        lengths = lengths[rows]
+        with self.autocast():
+            return self.ddp(x, y, lengths, n_targets) * share
+
     def autocast(self):
-        return torch.autocast(self.device, dtype=torch.bfloat16,
-                              enabled=self.config.precision == 'bf16')
+        dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(self.config.precision)
+        return torch.autocast(self.device, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
     def train(self):
         model, config = self.model, self.config
@@ -136,12 +185,13 @@ class Trainer:
         self.tokens, self.elapsed, self.resumed_elapsed = 0, 0.0, 0.0
         if config.resume:
             start_epoch, start_step = self.load_resume_state(optimizer)
-        log = MetricsLog(config.metrics_path, append=config.resume, tensorboard_dir=config.tensorboard_dir,
-                         first_step=start_epoch * steps_per_epoch + start_step)
+        log = MetricsLog(config.metrics_path if self.rank == 0 else None, append=config.resume,
+                         tensorboard_dir=config.tensorboard_dir if self.rank == 0 else None,
+                         first_step=start_epoch * steps_per_epoch + start_step, average=self.average)
         total_steps = config.max_epochs * steps_per_epoch
         done = start_epoch * steps_per_epoch + start_step
         pbar = tqdm(total=total_steps, initial=done, unit='step', dynamic_ncols=True,
-                    smoothing=0.05, disable=total_steps == 0)
+                    smoothing=0.05, disable=total_steps == 0 or self.rank > 0)
         self.stop_signal = None
         handlers = self.catch_stop_signals() if config.resume_path else {}
         start_time, first_done, last_save = time.time() - self.elapsed, done, time.time()
@@ -150,8 +200,7 @@ class Trainer:
                 model.train()
                 for it in range(start_step, steps_per_epoch):
                     x, y = self.batch(self.train_dataset, it)
-                    with self.autocast():
-                        loss = model.packed_loss(x, y)
+                    loss = self.loss(x, y)
                     self.update(optimizer, loss)
                     # As in the original: the schedule moves after the step, counting every
                     # target position (PADs too), and the new rate applies from the next step.
@@ -161,13 +210,15 @@ class Trainer:
                         param_group['lr'] = lr
                     done += 1
                     log.add(epoch, done, loss.detach(), lr, self.tokens)
-                    if done % config.log_every == 0 or it == steps_per_epoch - 1:
+                    logged = done % config.log_every == 0 or it == steps_per_epoch - 1
+                    if logged:
                         self.elapsed = time.time() - start_time
                         last_loss = log.flush(self.elapsed)
                         pbar.set_description(f"epoch {epoch+1} iter {it}: train loss {last_loss:.5f}. lr {lr:e}")
                         pbar.set_postfix_str(f"{self.tokens_per_s(done - first_done, y.size(1)):,.0f} tok/s")
                         pbar.update(done - pbar.n)
-                    if self.stop_signal is not None:
+                    # processes must stop after the same step: they agree where they log
+                    if (logged or self.ddp is None) and self.any_process(self.stop_signal is not None):
                         self.elapsed = time.time() - start_time
                         self.stop(epoch, it + 1, optimizer, log)
                 start_step = 0
@@ -176,13 +227,14 @@ class Trainer:
                 self.elapsed = time.time() - start_time
                 log.flush(self.elapsed)
                 self.save_checkpoint()
-                if config.resume_path and time.time() - last_save >= config.save_every_s:
+                if config.resume_path and self.any_process(time.time() - last_save >= config.save_every_s):
                     self.save_resume_state(epoch + 1, 0, optimizer)
                     last_save = time.time()
         except NonFiniteLoss as e:
             kept = (f"the last good state is kept in {config.resume_path}" if config.resume_path
                     and os.path.exists(config.resume_path) else "no earlier state had been saved yet")
-            raise NonFiniteLoss(f"{e}; stopped, {kept}; a lower learning rate may help") from None
+            hint = "--precision fp32 or " if config.precision == 'fp16' else ""
+            raise NonFiniteLoss(f"{e}; stopped, {kept}; {hint}a lower learning rate may help") from None
         finally:
             pbar.close()
             log.close()
@@ -191,15 +243,35 @@ class Trainer:
         self.elapsed = time.time() - start_time
         self.steps_run = done - first_done
         self.final_loss = log.last_loss
-        if config.resume_path and os.path.exists(config.resume_path):
+        if config.resume_path and os.path.exists(config.resume_path) and self.rank == 0:
             os.remove(config.resume_path)  # finished: nothing left to resume
 
+    def any_process(self, flag):
+        """Whether flag is true in any process; every process must ask at the same step."""
+        if self.ddp is None:
+            return flag
+        flag = torch.tensor([float(flag)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def average(self, values):
+        """values averaged over the processes (each process's loss is its share times world_size)."""
+        if self.ddp is not None:
+            values = values.to(self.device)
+            dist.all_reduce(values)
+            values = values / self.world_size
+        return values
+
     def update(self, optimizer, loss):
-        """One optimizer step on the gradient of loss, clipped to grad_norm_clip."""
+        """One optimizer step on the gradient of loss, clipped to grad_norm_clip. With fp16,
+        the gradients are unscaled before clipping, and a step whose gradients overflowed
+        is skipped (the scaler then lowers its scale)."""
         self.model.zero_grad(set_to_none=True)
-        loss.backward()
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_norm_clip)
-        optimizer.step()
+        self.scaler.step(optimizer)
+        self.scaler.update()
 
     def tokens_per_s(self, steps, T):
         """Target positions per second, counted like the schedule (batch x T per step)."""
@@ -211,7 +283,7 @@ class Trainer:
         self.model.eval()
         losses = []
         for it in range(math.ceil(len(self.test_dataset) / self.config.batch_size)):
-            x, y = self.batch(self.test_dataset, it)
+            x, y = self.to_device(*self.batch(self.test_dataset, it))
             with self.autocast():
                 losses.append(self.model.packed_loss(x, y).item())
         print("test loss: %f" % np.mean(losses))
@@ -221,12 +293,13 @@ class Trainer:
 
     def catch_stop_signals(self):
         """Ctrl-C and SIGTERM (a preempted VM) ask the loop to stop after the current step;
-        a second Ctrl-C stops at once."""
+        a second Ctrl-C stops at once, except under torchrun, which passes the terminal's
+        Ctrl-C on to its processes a second time (and kills them itself if they linger)."""
         if threading.current_thread() is not threading.main_thread():
             return {}
 
         def ask_to_stop(signum, frame):
-            if self.stop_signal is not None:
+            if self.stop_signal is not None and self.ddp is None:
                 raise KeyboardInterrupt
             self.stop_signal = signum
 
@@ -239,17 +312,29 @@ class Trainer:
             f"interrupted at epoch {epoch + 1}, step {step}; state saved to {self.config.resume_path}")
 
     def save_resume_state(self, epoch, step, optimizer):
+        """Process 0 writes it; under torchrun every process calls it, for its random state."""
         config = self.config
+        rng = {'torch': torch.get_rng_state(),
+               'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+        if self.device == 'mps':
+            rng['mps'] = torch.mps.get_rng_state()
+        process_rngs = [rng]
+        if self.ddp is not None:
+            process_rngs = [None] * self.world_size
+            dist.all_gather_object(process_rngs, rng)
+        if self.rank > 0:
+            return
         state = {
             'model': cpu_state_dict(self.model),
             'optimizer': optimizer.state_dict(),
+            'scaler': self.scaler.state_dict(),  # fp16's loss scale; empty otherwise
             'epoch': epoch, 'step': step, 'tokens': self.tokens, 'elapsed': self.elapsed,
             'config': {k: getattr(config, k) for k in RESUME_KEYS},
             'dataset_len': len(self.train_dataset),
             'python_rng': random.getstate(),
             'numpy_rng': numpy_rng_state(),
-            'torch_rng': torch.get_rng_state(),
-            'cuda_rng': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            'processes': self.world_size,
+            'process_rngs': process_rngs,  # each process's torch random state: its dropout stream
         }
         utils.atomic_save(state, config.resume_path)
 
@@ -259,7 +344,7 @@ class Trainer:
         config = self.config
         where = f"--resume: {config.resume_path}"
         if_trusted = ("If you trust the file (an earlier version of this code wrote it), convert it "
-                      "in place with: " + utils.convert_command(NUMPY_STATE_AS_LISTS, config.resume_path,
+                      "in place with: " + utils.convert_command(UPGRADE_OLD_STATE, config.resume_path,
                                                                 config.resume_path))
         state = utils.load_weights_only(config.resume_path, where, 'resumable state', if_trusted)
         if not isinstance(state, dict):
@@ -271,6 +356,8 @@ class Trainer:
         differ = [k for k in RESUME_KEYS if state['config'].get(k) != getattr(config, k)]
         if state['dataset_len'] != len(self.train_dataset):
             differ.append('dataset')
+        if state['processes'] != self.world_size:
+            differ.append(f"{state['processes']} processes, not {self.world_size}")
         if differ:
             raise utils.UserError(f"{where} was saved by a run with other "
                                   f"settings ({', '.join(differ)}); run the same command again")
@@ -288,11 +375,16 @@ class Trainer:
                         if torch.is_tensor(value) and value.dim() and value.shape != p.shape:
                             raise ValueError(f"optimizer {name} of shape {tuple(value.shape)} for a "
                                              f"parameter of shape {tuple(p.shape)}")
+            if state['scaler']:
+                self.scaler.load_state_dict(state['scaler'])
             random.setstate(state['python_rng'])
             np.random.set_state(state['numpy_rng'])
-            torch.set_rng_state(state['torch_rng'])
-            if state['cuda_rng'] and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(state['cuda_rng'])
+            rng = state['process_rngs'][self.rank]  # this process's dropout stream
+            torch.set_rng_state(rng['torch'])
+            if rng['cuda'] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng['cuda'])
+            if 'mps' in rng and self.device == 'mps':
+                torch.mps.set_rng_state(rng['mps'])
         except (ValueError, TypeError, RuntimeError, KeyError, IndexError, AttributeError, OverflowError) as e:
             detail = str(e).strip().split('\n')[0] or type(e).__name__
             raise utils.UserError(f"{where}: damaged ({detail})")
@@ -309,8 +401,8 @@ class MetricsLog:
 
     FIELDS = ['epoch', 'step', 'loss', 'lr', 'tokens', 'seconds']
 
-    def __init__(self, path, append, tensorboard_dir=None, first_step=0):
-        self.rows, self.last_loss = [], float('nan')
+    def __init__(self, path, append, tensorboard_dir=None, first_step=0, average=lambda losses: losses):
+        self.rows, self.last_loss, self.average = [], float('nan'), average
         self.file = self.writer = self.tensorboard = None
         if tensorboard_dir:
             try:
@@ -334,7 +426,7 @@ class MetricsLog:
     def flush(self, seconds):
         if not self.rows:
             return self.last_loss
-        losses = torch.stack([r[2] for r in self.rows]).float().tolist()
+        losses = self.average(torch.stack([r[2] for r in self.rows]).float()).tolist()
         for (epoch, step, _, lr, tokens), loss in zip(self.rows, losses):
             if not math.isfinite(loss):
                 raise NonFiniteLoss(f"the loss became {loss} at epoch {epoch}, step {step}")
@@ -362,6 +454,24 @@ def numpy_rng_state():
     list of ints (np.random.set_state takes either)."""
     name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
     return name, keys.tolist(), pos, has_gauss, cached_gaussian
+
+
+class PackedLoss(nn.Module):
+    """model.packed_loss as a module's forward, for DistributedDataParallel to wrap."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args):
+        return self.model.packed_loss(*args)
+
+
+def init_distributed(device):
+    """Under torchrun: join the other processes, one per GPU (nccl) or CPU processes (gloo)."""
+    if device == 'cuda':
+        torch.cuda.set_device(int(os.environ['LOCAL_RANK']))
+    dist.init_process_group('nccl' if device == 'cuda' else 'gloo')
 
 
 def cpu_state_dict(model):

@@ -26,6 +26,23 @@ def set_seed(seed):
     torch.cuda.manual_seed_all(seed)
 
 
+# --- Device ------------------------------------------------------------------------------
+
+def pick_device(requested='auto'):
+    """'cuda', 'mps' or 'cpu': the one place the device is chosen. auto: an NVIDIA GPU,
+    else Apple's GPU, else the CPU. A device that is asked for but missing is a UserError.
+    The model, trainer and decoder use only standard ops (linear, SDPA, layer norm, GELU,
+    index_select/index_copy, topk), which torch implements on MPS; this was not run on a
+    Mac, and PYTORCH_ENABLE_MPS_FALLBACK=1 would send a missing one to the CPU."""
+    available = {'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available(),
+                 'cpu': True}
+    if requested in (None, 'auto'):
+        return next(device for device, ok in available.items() if ok)
+    if not available[requested]:
+        raise UserError(f"--device {requested}: not available on this machine (torch {torch.__version__})")
+    return requested
+
+
 # --- Files -------------------------------------------------------------------------------
 
 def find_data_file(path):
@@ -37,7 +54,9 @@ def find_data_file(path):
 
 
 def read_text(path):
-    """The whole file as text, checked: exists, readable, non-empty, valid UTF-8."""
+    """The whole file as text, checked: exists, readable, non-empty, valid UTF-8. Line ends
+    are normalised as the original's text-mode open() did (universal newlines: CRLF and a
+    lone CR become LF), so a file checked out with Windows line ends reads the same."""
     found = find_data_file(path)
     try:
         with open(found, 'rb') as f:
@@ -50,10 +69,14 @@ def read_text(path):
     if not raw.strip():
         raise UserError(f'{found}: file is empty')
     try:
-        return raw.decode('utf-8')
+        return universal_newlines(raw.decode('utf-8'))
     except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b'\n') + 1
+        line = universal_newlines(raw[:e.start].decode('utf-8')).count('\n') + 1
         raise UserError(f'{found}, line {line}: not valid UTF-8 (byte {raw[e.start]:#x})')
+
+
+def universal_newlines(text):
+    return text.replace('\r\n', '\n').replace('\r', '\n')
 
 
 def read_lines(path):
@@ -241,13 +264,12 @@ def evaluate_places(filepath, predicted_places):
 
     Returns: (total, correct), floats
     """
-    with open(find_data_file(filepath), encoding='utf-8') as fin:
-        lines = [x.strip().split('\t') for x in fin]
-        if len(lines[0]) == 1:
-            print('No gold birth places provided; returning (0,0)')
-            return (0, 0)
-        true_places = [x[1] for x in lines]
-        total = len(true_places)
-        assert total == len(predicted_places)
-        correct = len(list(filter(lambda x: x[0] == x[1], zip(true_places, predicted_places))))
-        return (float(total), float(correct))
+    lines = [x.strip().split('\t') for x in read_lines(filepath)]
+    if len(lines[0]) == 1:
+        print('No gold birth places provided; returning (0,0)')
+        return (0, 0)
+    true_places = [x[1] for x in lines]
+    total = len(true_places)
+    assert total == len(predicted_places)
+    correct = len(list(filter(lambda x: x[0] == x[1], zip(true_places, predicted_places))))
+    return (float(total), float(correct))

@@ -187,6 +187,19 @@ def test_packed_loss_equals_plain_loss_and_gradients(synthesizer, leading_pad):
         torch.testing.assert_close(p.grad, plain_grads[n], atol=1e-6, rtol=1e-4, msg=n)
 
 
+def test_packed_loss_of_a_share_of_the_rows():
+    """What one of several processes computes (Trainer.loss): its rows' summed loss over
+    the whole batch's target count; the shares add up to forward()'s mean."""
+    gpt = make_gpt(False, vocab=40, n_layer=2, n_head=4, n_embd=32).eval()
+    idx, targets = ragged_batch(40, leading_pad=True)
+    _, plain = gpt(idx, targets)
+    lengths = model.target_lengths(targets)
+    n_targets = int((targets != 0).sum())
+    shares = [gpt.packed_loss(idx[rows], targets[rows], lengths[rows], n_targets)
+              for rows in lengths.argsort(descending=True).tensor_split(torch.arange(1, 3))]
+    torch.testing.assert_close(sum(shares), plain, atol=1e-6, rtol=1e-5)
+
+
 def test_packed_loss_at_assignment_size_every_length():
     """fp32 eval: same loss as forward() for every row length up to 127."""
     for synthesizer in (False, True):

@@ -177,9 +177,9 @@ def test_non_finite_loss_stops_and_keeps_last_good_state(tiny, monkeypatch, caps
     real = model.GPT.packed_loss
     calls = {'n': 0}
 
-    def exploding(self, x, y):
+    def exploding(self, x, y, *rest):
         calls['n'] += 1
-        loss = real(self, x, y)
+        loss = real(self, x, y, *rest)
         return loss * float('nan') if calls['n'] > 12 else loss
 
     monkeypatch.setattr(model.GPT, 'packed_loss', exploding)
@@ -502,3 +502,78 @@ def test_environment_yml_agrees_with_requirements():
     pip_section = (ROOT / 'environment.yml').read_text().split('- pip:')[1]
     assert re.findall(r'^\s+- (\S+)$', pip_section, re.M) == requirements
     assert 'torch==2.13.0' in requirements
+
+
+def test_crlf_files_train_and_answer_as_lf_files(tiny, capsys):
+    """Windows checkouts: CRLF files give the vocabulary, model and answers of LF files."""
+    for name in ('wiki.txt', 'train.tsv', 'dev.tsv'):
+        (tiny / f'crlf.{name}').write_bytes((tiny / name).read_bytes().replace(b'\n', b'\r\n'))
+    outputs = []
+    for prefix in ('', 'crlf.'):
+        assert main('finetune', 'vanilla', f'{prefix}wiki.txt', '--writing_params_path', f'{prefix}f.params',
+                    '--finetune_corpus_path', f'{prefix}train.tsv', '--max_epochs', 1, '--precision', 'fp32',
+                    cwd=tiny) == 0
+        assert main('evaluate', 'vanilla', f'{prefix}wiki.txt', '--reading_params_path', f'{prefix}f.params',
+                    '--eval_corpus_path', f'{prefix}dev.tsv', '--outputs_path', f'{prefix}dev.out', cwd=tiny) == 0
+        outputs.append(capsys.readouterr().out)
+    lf, crlf = torch.load(tiny / 'f.params', weights_only=True), torch.load(tiny / 'crlf.f.params', weights_only=True)
+    assert all(torch.equal(lf[k], crlf[k]) for k in lf)
+    assert (tiny / 'dev.out').read_bytes() == (tiny / 'crlf.dev.out').read_bytes()
+    vocab = [re.search(r'data has \d+ characters, \d+ unique', out).group() for out in outputs]
+    assert vocab[0] == vocab[1] and CORRECT_LINE.search(outputs[0]).group() == CORRECT_LINE.search(outputs[1]).group()
+
+
+def test_dataset_view_runs_without_sigpipe(tiny, monkeypatch, capsys):
+    """Windows has no signal.SIGPIPE; `python src/dataset.py namedata` must not need it."""
+    import runpy
+    import utils
+    shutil.copy(tiny / 'train.tsv', tiny / 'birth_places_train.tsv')
+    monkeypatch.setattr(utils, 'DATA_DIR', tiny)
+    monkeypatch.delattr(signal, 'SIGPIPE')
+    monkeypatch.setattr(sys, 'argv', ['dataset.py', 'namedata'])
+    runpy.run_path(str(ROOT / 'src' / 'dataset.py'), run_name='__main__')
+    lines = capsys.readouterr().out.splitlines()
+    assert sum(l.startswith('x: Where was') for l in lines) == 4
+
+
+@pytest.mark.parametrize('capability, expected', [((6, 0), 'fp32'), ((7, 0), 'fp32'), ((7, 5), 'fp32'),
+                                                  ((8, 0), 'bf16'), ((9, 0), 'bf16')])
+def test_auto_precision_is_bf16_only_where_native(monkeypatch, capability, expected):
+    """P100, V100 and T4 emulate bf16, and torch.cuda.is_bf16_supported() says True there."""
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda *a, **k: capability)
+    assert run.training_precision('auto', 'cuda') == expected
+    assert run.training_precision('fp16', 'cuda') == 'fp16' and run.training_precision('fp32', 'cuda') == 'fp32'
+    assert run.training_precision('auto', 'mps') == 'fp32'
+    for native in (True, False):
+        monkeypatch.setattr(run, 'cpu_has_native_bf16', lambda: native)
+        assert run.training_precision('auto', 'cpu') == ('bf16' if native else 'fp32')
+
+
+def test_missing_device_is_one_clear_line(tiny, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(torch.backends.mps, 'is_available', lambda: False)
+    for device in ('cuda', 'mps'):
+        code = main('pretrain', 'vanilla', 'wiki.txt', '--writing_params_path', 'x.params',
+                    '--device', device, cwd=tiny)
+        assert code == 2 and capsys.readouterr().err.startswith(f'error: --device {device}: not available')
+
+
+def test_params_from_wrapped_or_gpu_models_load_as_plain_ones(params, monkeypatch):
+    """DataParallel/DDP ('module.'), torch.compile ('_orig_mod.') and both; and a file
+    whose tensors were saved from a GPU (their storage says cuda:0)."""
+    plain = torch.load(params / 'v.params', weights_only=True)
+    for name, prefix in (('dp', 'module.'), ('compiled', '_orig_mod.'), ('both', 'module._orig_mod.')):
+        torch.save({prefix + k: v for k, v in plain.items()}, params / f'{name}.params')
+    with monkeypatch.context() as m:
+        m.setattr(torch.serialization, 'location_tag', lambda storage: 'cuda:0')
+        torch.save(plain, params / 'gpu.params')
+    if not torch.cuda.is_available():  # the file does hold CUDA storages
+        with pytest.raises(RuntimeError, match='CUDA'):
+            torch.load(params / 'gpu.params', weights_only=True)
+    for name in ('dp', 'compiled', 'both', 'gpu'):
+        loaded = run.load_params(str(params / f'{name}.params'), 'vanilla', len(plain['tok_emb.weight']), 'wiki.txt')
+        assert loaded.keys() == plain.keys() and all(torch.equal(loaded[k], plain[k]) for k in plain)
+    assert main('finetune', 'vanilla', 'wiki.txt', '--reading_params_path', 'both.params', '--writing_params_path',
+                'f.params', '--finetune_corpus_path', 'train.tsv', '--max_epochs', 1, '--precision', 'fp32',
+                cwd=params) == 0

@@ -109,11 +109,11 @@ def train_to_end(tmp_path, interrupt_at=None, precision='fp32'):
     steps = {'n': 0}
     loss_fn = gpt.packed_loss
 
-    def counting_loss(x, y):
+    def counting_loss(x, y, *rest):
         steps['n'] += 1
         if steps['n'] == interrupt_at:
             os.kill(os.getpid(), signal.SIGINT)
-        return loss_fn(x, y)
+        return loss_fn(x, y, *rest)
 
     gpt.packed_loss = counting_loss
     if interrupt_at is not None:
@@ -160,10 +160,10 @@ def resume(tmp_path, steps=None):
     gpt, ds, config = tiny_setup(resume_path=str(tmp_path / 'state.resume'), resume=True)
     loss_fn = gpt.packed_loss
 
-    def counting_loss(x, y):
+    def counting_loss(x, y, *rest):
         if steps is not None:
             steps.append(1)
-        return loss_fn(x, y)
+        return loss_fn(x, y, *rest)
 
     gpt.packed_loss = counting_loss
     trainer.Trainer(gpt, ds, None, config).train()
@@ -193,8 +193,8 @@ DAMAGED_STATES = [
     ('a list', lambda s: [s], r': not a resumable state \(it holds a list\)$'),
     ('missing part', lambda s: {k: v for k, v in s.items() if k != 'optimizer'},
      r": not a resumable state \('optimizer' is nothing\)$"),
-    ('part of the wrong type', lambda s: {**s, 'torch_rng': s['torch_rng'].tolist()},
-     r": not a resumable state \('torch_rng' is a list\)$"),
+    ('part of the wrong type', lambda s: {**s, 'process_rngs': tuple(s['process_rngs'])},
+     r": not a resumable state \('process_rngs' is a tuple\)$"),
     ('other settings', lambda s: {**s, 'config': {**s['config'], 'batch_size': 4}},
      r' was saved by a run with other settings \(batch_size\); run the same command again$'),
     ('epoch beyond the run', lambda s: {**s, 'epoch': 99}, r': damaged \(epoch 99, step 1 do not exist in this run\)$'),
@@ -212,7 +212,9 @@ DAMAGED_STATES = [
      r': damaged \(.*parameter groups'),
     ('python random state', lambda s: {**s, 'python_rng': (3, (1, 2), None)}, r': damaged \(.+\)$'),
     ('numpy random state', lambda s: {**s, 'numpy_rng': ('MT19937', [1, 2], 0, 0, 0.0)}, r': damaged \(.+\)$'),
-    ('torch random state', lambda s: {**s, 'torch_rng': torch.zeros(3, dtype=torch.uint8)}, r': damaged \(.+\)$'),
+    ('torch random state', lambda s: {**s, 'process_rngs': [{**s['process_rngs'][0], 'torch': torch.zeros(3, dtype=torch.uint8)}]},
+     r': damaged \(.+\)$'),
+    ('random states of fewer processes', lambda s: {**s, 'process_rngs': []}, r': damaged \(.+\)$'),
     ('an object', lambda s: {**s, 'numpy_rng': np.random.get_state()},
      r': refused: it holds code or objects \(numpy\.\S+\), .* If you trust the file \(an earlier version '
      r'of this code wrote it\), convert it in place with: python -c '),
@@ -245,10 +247,49 @@ def test_a_state_saved_before_plain_values_converts_and_resumes_exactly(tmp_path
     state = saved_state(tmp_path)
     expected = resume(tmp_path).state_dict()
     name, keys, *rest = state['numpy_rng']
-    torch.save({**state, 'numpy_rng': (name, np.array(keys, dtype=np.uint32), *rest)}, tmp_path / 'state.resume')
+    old = {k: v for k, v in state.items() if k not in ('scaler', 'processes', 'process_rngs')}
+    old.update(numpy_rng=(name, np.array(keys, dtype=np.uint32), *rest),
+               torch_rng=state['process_rngs'][0]['torch'], cuda_rng=state['process_rngs'][0]['cuda'])
+    torch.save(old, tmp_path / 'state.resume')
     with pytest.raises(utils.UserError, match=r'refused: it holds code or objects \(numpy') as raised:
         resume(tmp_path)
     command = str(raised.value).split(' with: ')[1]
     subprocess.run(sys.executable + command[len('python'):], shell=True, check=True)
     resumed = resume(tmp_path).state_dict()
     assert all(torch.equal(resumed[k], expected[k]) for k in expected)
+
+
+def test_fp16_gradient_scaler_skips_overflows_and_resumes_exactly(tmp_path):
+    """fp16 autocast with torch.amp.GradScaler, on the CPU: a scale too large for fp16
+    makes gradients overflow, those steps are skipped and the scale halves; the scale is
+    part of the resumable state, so an interrupted run resumes to the same params."""
+    def run(interrupt_at=None, resume=False):
+        random.seed(0)
+        gpt, ds, config = tiny_setup(resume_path=str(tmp_path / 'state.resume'), precision='fp16',
+                                     resume=resume)
+        t = trainer.Trainer(gpt, ds, None, config)
+        if not resume:
+            t.scaler = torch.amp.GradScaler('cpu', init_scale=2.0 ** 40)
+        real, steps = gpt.packed_loss, {'n': 0}
+
+        def counting_loss(x, y, *rest):
+            steps['n'] += 1
+            if steps['n'] == interrupt_at:
+                t.stop_signal = signal.SIGINT
+            return real(x, y, *rest)
+
+        gpt.packed_loss = counting_loss
+        t.train()
+        return t, gpt.state_dict()
+
+    straight, params = run()
+    assert 0 < straight.scaler.get_scale() < 2.0 ** 36  # several steps overflowed, and were skipped
+    assert all(torch.isfinite(v).all() for v in params.values())
+    with pytest.raises(trainer.TrainingInterrupted):
+        run(interrupt_at=2)
+    saved = torch.load(tmp_path / 'state.resume', weights_only=False)['scaler']
+    assert saved['scale'] == 2.0 ** 38  # two overflowing steps so far
+    resumed, resumed_params = run(resume=True)
+    assert resumed.scaler.get_scale() == straight.scaler.get_scale()
+    for k in params:
+        assert torch.equal(params[k], resumed_params[k]), k

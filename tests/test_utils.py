@@ -49,3 +49,35 @@ def test_check_state_dict_finds_every_non_finite_value_and_only_those():
                         ([3e38, 3e38, float('nan'), 0], 1)):
         with pytest.raises(utils.UserError, match=rf"^f: 'w' has {bad} non-finite value"):
             utils.check_state_dict({'w': torch.tensor(values)}, expected, 'f', 'm')
+
+
+def test_windows_and_old_mac_line_ends_read_as_the_originals_text_mode(tmp_path):
+    text = 'Ada was born in London.\nMax\tOslo\n\ncaf\u00e9\n'
+    for name, ends in (('lf', '\n'), ('crlf', '\r\n'), ('cr', '\r')):
+        (tmp_path / name).write_bytes(text.replace('\n', ends).encode('utf-8'))
+        with open(tmp_path / name, encoding='utf-8') as f:  # how the original read every file
+            assert utils.read_text(str(tmp_path / name)) == f.read() == text
+        assert utils.read_lines(str(tmp_path / name)) == text.split('\n')[:-1]
+    (tmp_path / 'bad').write_bytes(b'fine\r\nfine\rcaf\xe9\r\n')
+    with pytest.raises(utils.UserError, match=r'bad, line 3: not valid UTF-8'):
+        utils.read_text(str(tmp_path / 'bad'))
+
+
+def test_evaluate_places_reads_crlf_files(tmp_path):
+    (tmp_path / 'dev.tsv').write_bytes(b'Where was Ada born?\tLondon\r\nWhere was Max born?\tOslo\r\n')
+    assert utils.evaluate_places(str(tmp_path / 'dev.tsv'), ['London', 'Paris']) == (2.0, 1.0)
+
+
+@pytest.mark.parametrize('cuda, mps, expected', [(True, True, 'cuda'), (False, True, 'mps'),
+                                                 (False, False, 'cpu')])
+def test_device_is_cuda_else_mps_else_cpu(monkeypatch, cuda, mps, expected):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: cuda)
+    monkeypatch.setattr(torch.backends.mps, 'is_available', lambda: mps)
+    assert utils.pick_device('auto') == expected
+    assert utils.pick_device('cpu') == 'cpu'
+    for device, present in (('cuda', cuda), ('mps', mps)):
+        if present:
+            assert utils.pick_device(device) == device
+        else:
+            with pytest.raises(utils.UserError, match=f'--device {device}: not available'):
+                utils.pick_device(device)

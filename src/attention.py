@@ -166,21 +166,25 @@ class CausalSelfAttention(nn.Module):
             k = apply_rotary_emb(k, self.rope_cache[past:])  # (B, nh, T, hs)
         k = _extend(cache, 'k', k)  # (B, nh, past+T, hs)
         v = _extend(cache, 'v', _split_heads(v, self.n_head))  # (B, nh, past+T, hs)
-        T, past = q.size(2), k.size(2) - q.size(2)
+        return _merge_heads(self.causal_attention(q, k, v, past=k.size(2) - q.size(2)))
+
+    def causal_attention(self, q, k, v, past=0):
+        """softmax(q k^T / sqrt(hs)) v per head, with attention dropout: (B, nh, Tq, hs).
+        Query i stands at position past+i and sees keys 0..past+i: the block_size mask
+        cut to [past:past+Tq, :Tk]."""
+        Tq, Tk = q.size(2), k.size(2)
         if self.training and q.device.type == 'cpu':
             # written out: on CPU, scaled_dot_product_attention has no fused kernel with
             # dropout, and this measures faster than its fallback; scaled and masked in
             # place, as the scores are the biggest tensor of the step
-            att = (q @ k.transpose(-2, -1)).mul_(1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, past+T)
-            att.masked_fill_(self.mask[:, :, past:past + T, :past + T] == 0, float('-inf'))
-            y = self.attn_drop(F.softmax(att, dim=-1)) @ v  # (B, nh, T, hs)
-        elif past == 0:
-            dropout = self.attn_drop.p if self.training else 0.0
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-        else:
-            allowed = self.mask[:, :, past:past + T, :past + T].bool()  # (1, 1, T, past+T)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
-        return _merge_heads(y)
+            att = (q @ k.transpose(-2, -1)).mul_(1.0 / math.sqrt(k.size(-1)))  # (B, nh, Tq, Tk)
+            att.masked_fill_(self.mask[:, :, past:past + Tq, :Tk] == 0, float('-inf'))
+            return self.attn_drop(F.softmax(att, dim=-1)) @ v  # (B, nh, Tq, hs)
+        dropout = self.attn_drop.p if self.training else 0.0
+        if past == 0 and Tq == Tk:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        allowed = self.mask[:, :, past:past + Tq, :Tk].bool()  # (1, 1, Tq, Tk)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)
 
 
 class SynthesizerAttention(nn.Module):
@@ -222,36 +226,14 @@ class SynthesizerAttention(nn.Module):
         return _merge_heads(att @ v)  # (B, T, C)
 
 
-class CausalCrossAttention(nn.Module):
+class CausalCrossAttention(CausalSelfAttention):
     """Multi-head attention of the queries x_q (B, Tq, C) over the keys and values x_kv
-    (B, Tk, C), with a projection at the end (the 2023 edition's perceiver). The causal
-    mask is the block_size one cut to [:Tq, :Tk]: query i sees x_kv's positions 0..i."""
-
-    def __init__(self, config):
-        super().__init__()
-        assert config.n_embd % config.n_head == 0
-        self.key = nn.Linear(config.n_embd, config.n_embd)
-        self.query = nn.Linear(config.n_embd, config.n_embd)
-        self.value = nn.Linear(config.n_embd, config.n_embd)
-        self.attn_drop = Dropout(config.attn_pdrop)
-        self.resid_drop = Dropout(config.resid_pdrop)
-        self.proj = nn.Linear(config.n_embd, config.n_embd)
-        self.register_buffer("mask", torch.tril(torch.ones(config.block_size, config.block_size))
-                             .view(1, 1, config.block_size, config.block_size))
-        self.n_head = config.n_head
+    (B, Tk, C), with a projection at the end (the 2023 edition's perceiver). Its layers
+    and their names are CausalSelfAttention's, as in the 2023 starter. The causal mask is
+    the block_size one cut to [:Tq, :Tk]: query i sees x_kv's positions 0..i."""
 
     def forward(self, x_kv, x_q):
         q = _split_heads(self.query(x_q), self.n_head)  # (B, nh, Tq, hs)
         k = _split_heads(self.key(x_kv), self.n_head)  # (B, nh, Tk, hs)
         v = _split_heads(self.value(x_kv), self.n_head)  # (B, nh, Tk, hs)
-        Tq, Tk = q.size(2), k.size(2)
-        allowed = self.mask[:, :, :Tq, :Tk].bool()  # (1, 1, Tq, Tk); every row allows position 0
-        if self.training and q.device.type == 'cpu':
-            # written out, as in CausalSelfAttention: faster than SDPA's CPU dropout fallback
-            att = (q @ k.transpose(-2, -1)).mul_(1.0 / math.sqrt(k.size(-1)))  # (B, nh, Tq, Tk)
-            att.masked_fill_(~allowed, float('-inf'))
-            y = self.attn_drop(F.softmax(att, dim=-1)) @ v  # (B, nh, Tq, hs)
-        else:
-            dropout = self.attn_drop.p if self.training else 0.0
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)
-        return self.resid_drop(self.proj(_merge_heads(y)))  # (B, Tq, C)
+        return self.resid_drop(self.proj(_merge_heads(self.causal_attention(q, k, v))))  # (B, Tq, C)

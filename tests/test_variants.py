@@ -1,6 +1,6 @@
-"""The later editions' variants: RoPE (2024/25) and the perceiver (2023), against direct
-float64 computations of their handouts' equations, and their fast paths (packed loss,
-cached and batched decoding, bf16 autocast) against the plain ones."""
+"""The later editions' variants, RoPE (2024/25) and the perceiver (2023), against direct
+float64 computations of their handouts' equations. test_model.py runs the fast paths
+(packed loss, cached and batched decoding, bf16 autocast) of every variant."""
 import math
 
 import pytest
@@ -9,26 +9,9 @@ from torch.nn import functional as F
 
 import attention
 import model
-import utils
-from test_model import ragged_batch
+from test_model import SMALL, make_gpt, sharpen
 
 BLOCK = 128
-VARIANTS = {'rope': dict(rope=True), 'perceiver': dict(perceiver=True, bottleneck_dim=32)}
-
-
-def make_gpt(variant, vocab=40, seed=0, spread=None, **sizes):
-    """A small GPT of the variant; with `spread`, every weight but LayerNorm's is drawn
-    from N(0, spread^2), so that attention is sharp and positions matter (the N(0, 0.02)
-    init makes attention nearly uniform, where position mistakes hardly show)."""
-    torch.manual_seed(seed)
-    sizes = sizes or dict(n_layer=4, n_head=4, n_embd=32)
-    gpt = model.GPT(model.GPTConfig(vocab, BLOCK, **VARIANTS[variant], **sizes))
-    if spread:
-        with torch.no_grad():
-            for name, p in gpt.named_parameters():
-                if '.ln' not in name and not name.startswith('ln'):
-                    p.normal_(0.0, spread)
-    return gpt
 
 
 # --- Direct computations of the handouts' equations, in float64 --------------------------
@@ -133,10 +116,7 @@ def test_rope_scores_depend_on_relative_position_only():
 def test_self_attention_matches_float64_equations_at_every_length(variant):
     config = model.GPTConfig(50, BLOCK, n_layer=1, n_head=4, n_embd=32, rope=variant == 'rope')
     torch.manual_seed(0)
-    att = attention.CausalSelfAttention(config).eval()
-    with torch.no_grad():
-        for p in att.parameters():
-            p.normal_(0.0, 0.4)  # sharp attention
+    att = sharpen(attention.CausalSelfAttention(config), std=0.4).eval()
     state = {'attn.' + k: v.double() for k, v in att.state_dict().items()}
     x = torch.randn(3, BLOCK - 1, 32)
     probs = []
@@ -159,10 +139,7 @@ def test_self_attention_matches_float64_equations_at_every_length(variant):
 def test_cross_attention_matches_float64_equations_at_every_length():
     config = model.GPTConfig(50, BLOCK, n_layer=1, n_head=4, n_embd=32)
     torch.manual_seed(0)
-    att = attention.CausalCrossAttention(config).eval()
-    with torch.no_grad():
-        for p in att.parameters():
-            p.normal_(0.0, 0.4)
+    att = sharpen(attention.CausalCrossAttention(config), std=0.4).eval()
     state = {'attn.' + k: v.double() for k, v in att.state_dict().items()}
     x, basis = torch.randn(3, BLOCK - 1, 32), torch.randn(3, 40, 32)
     with torch.no_grad():
@@ -176,7 +153,7 @@ def test_cross_attention_matches_float64_equations_at_every_length():
 
 
 def test_perceiver_state_dict_names_and_shapes():
-    gpt = make_gpt('perceiver', vocab=256, n_layer=4, n_head=8, n_embd=256)
+    gpt = make_gpt('perceiver')
     state = gpt.state_dict()
     assert state['down_block.C'].shape == (1, 32, 256)
     bound = math.sqrt(6 / (32 * 256 + 256))  # xavier_uniform on (1, m, C): fan_in m*C, fan_out C
@@ -193,7 +170,7 @@ def test_perceiver_state_dict_names_and_shapes():
 
 
 def test_rope_state_dict_names_and_shapes():
-    state = make_gpt('rope', vocab=256, n_layer=4, n_head=8, n_embd=256).state_dict()
+    state = make_gpt('rope').state_dict()
     assert 'pos_emb' not in state
     for i in range(4):
         torch.testing.assert_close(state[f'blocks.{i}.attn.rope_cache'], attention.precompute_rotary_emb(32, BLOCK))
@@ -203,105 +180,9 @@ def test_rope_state_dict_names_and_shapes():
 
 @pytest.mark.parametrize('variant', ['rope', 'perceiver'])
 def test_model_matches_float64_forward_from_its_state_dict(variant):
-    gpt = make_gpt(variant, spread=0.3).eval()
-    idx = torch.randint(0, 40, (2, BLOCK - 1))
+    gpt = make_gpt(variant, **dict(SMALL, n_layer=4), sharp=True).eval()
+    idx = torch.randint(0, 40, (2, BLOCK))
     with torch.no_grad():
-        for T in (1, 2, 31, 32, 33, 64, BLOCK - 1):
+        for T in (1, 2, 31, 32, 33, 64, BLOCK):
             expected = reference_forward(gpt.state_dict(), idx[:, :T], n_head=4, n_layer=4)
             torch.testing.assert_close(gpt(idx[:, :T])[0].double(), expected, atol=2e-4, rtol=1e-4)
-
-
-@pytest.mark.parametrize('variant', ['rope', 'perceiver'])
-def test_causal(variant):
-    gpt = make_gpt(variant, spread=0.3).eval()
-    idx = torch.randint(0, 40, (2, BLOCK - 1))
-    with torch.no_grad():
-        base, _ = gpt(idx)
-        for s in (0, 5, 31, 32, 50, 126):
-            changed = idx.clone()
-            changed[:, s] = (changed[:, s] + 1) % 40
-            out, _ = gpt(changed)
-            assert torch.equal(out[:, :s], base[:, :s]), s
-            assert not torch.allclose(out[:, s:], base[:, s:]), s
-
-
-# --- The fast paths ----------------------------------------------------------------------------
-
-@pytest.mark.parametrize('variant', ['rope', 'perceiver'])
-@pytest.mark.parametrize('leading_pad', [False, True])
-def test_packed_loss_equals_plain_loss_and_gradients(variant, leading_pad):
-    gpt = make_gpt(variant, spread=0.1).eval()
-    idx, targets = ragged_batch(40, leading_pad=leading_pad)
-    _, plain = gpt(idx, targets)
-    plain.backward()
-    plain_grads = {n: p.grad.clone() for n, p in gpt.named_parameters()}
-    gpt.zero_grad()
-    packed = gpt.packed_loss(idx, targets)
-    packed.backward()
-    torch.testing.assert_close(packed, plain, atol=1e-6, rtol=1e-5)
-    for n, p in gpt.named_parameters():
-        torch.testing.assert_close(p.grad, plain_grads[n], atol=1e-5, rtol=1e-4, msg=n)
-
-
-@pytest.mark.parametrize('variant', ['rope', 'perceiver'])
-def test_packed_loss_every_length(variant):
-    gpt = make_gpt(variant, spread=0.1).eval()
-    idx = torch.randint(2, 40, (BLOCK - 1, BLOCK))  # up to 128 positions: the 2024 examples
-    targets = torch.randint(2, 40, (BLOCK - 1, BLOCK))
-    for b in range(BLOCK - 1):  # row b has b+2 targets
-        targets[b, b + 2:] = 0
-        idx[b, b + 2:] = 0
-    with torch.no_grad():
-        for rows in [slice(b, b + 1) for b in range(0, BLOCK - 1, 14)] + [slice(0, BLOCK - 1)]:
-            _, plain = gpt(idx[rows], targets[rows])
-            torch.testing.assert_close(gpt.packed_loss(idx[rows], targets[rows]), plain, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize('variant', ['rope', 'perceiver'])
-def test_training_mode_path_equals_eval_path_without_dropout(variant):
-    gpt = make_gpt(variant, spread=0.1, n_layer=3, n_head=4, n_embd=32,
-                   embd_pdrop=0.0, resid_pdrop=0.0, attn_pdrop=0.0)
-    idx, targets = ragged_batch(40, B=20, leading_pad=True)
-    with torch.no_grad():
-        _, plain = gpt.eval()(idx, targets)
-        fast = gpt.train().packed_loss(idx, targets)
-    torch.testing.assert_close(fast, plain, atol=1e-6, rtol=1e-5)
-
-
-@pytest.mark.parametrize('variant', ['rope', 'perceiver'])
-def test_bf16_autocast_loss_is_close(variant):
-    gpt = make_gpt(variant).eval()
-    idx, targets = ragged_batch(40)
-    with torch.no_grad():
-        _, plain = gpt(idx, targets)
-        with torch.autocast('cpu', dtype=torch.bfloat16):
-            fast = gpt.packed_loss(idx, targets)
-    assert fast.dtype == torch.float32
-    assert abs(fast.item() - plain.item()) < 0.02 * plain.item()
-
-
-@pytest.mark.parametrize('variant', ['rope', 'perceiver'])
-def test_cached_forward_equals_full_forward(variant):
-    gpt = make_gpt(variant, spread=0.3).eval()
-    idx = torch.randint(0, 40, (3, 60))
-    with torch.no_grad():
-        full, _ = gpt(idx)
-        cache = gpt.new_cache()
-        steps = [gpt(idx[:, :20], cache=cache)[0]]
-        for t in range(20, 60):
-            steps.append(gpt(idx[:, t:t + 1], cache=cache)[0])
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-4, rtol=1e-4)
-
-
-@pytest.mark.parametrize('variant', ['rope', 'perceiver'])
-def test_greedy_complete_equals_plain_sampling(variant):
-    gpt = make_gpt(variant, vocab=12, seed=3, spread=0.2).eval()
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(2, 12, (n,), generator=g) for n in [5, 9, 5, 17, 40, 1]]
-    stop = 1
-    completions = utils.greedy_complete(gpt, prompts, 32, stop, batch_size=2)
-    for p, got in zip(prompts, completions):
-        plain = utils.sample(gpt, p[None], 32)[0, len(p):].tolist()
-        expected = plain[:plain.index(stop) + 1] if stop in plain else plain
-        assert got == expected
-    assert len({tuple(c) for c in completions}) > 3  # the completions do differ

@@ -15,7 +15,8 @@ evaluate: time per birth_dev.tsv question, greedy-decoding 32 characters
   ours   utils.greedy_complete: questions batched by length, key/value cache (the
          perceiver recomputes the prefix instead), early stop
 Model FLOP/s counts only the work our step does, as a fraction of the measured matmul
-peak of this machine at the same precision.
+peak of this machine at the same precision (vanilla and rope; model_flops does not count
+the synthesizer's or the perceiver's layers).
 """
 import argparse
 import math
@@ -180,11 +181,12 @@ def main():
     print(f"  650-epoch pretraining ({steps_650} steps): plain {steps_650 * plain / 3600:.1f} h, "
           f"ours {steps_650 * ours / 3600:.1f} h")
 
-    flops = model_flops(sum(rows), rows)
-    dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(precision, torch.float32)
-    peak = matmul_peak(dtype, device)
-    print(f"  model FLOP/s (ours): {flops / ours / 1e9:.0f} GFLOP/s = {flops / ours / peak:.0%} of this "
-          f"machine's {precision} matmul peak ({peak / 1e9:.0f} GFLOP/s)")
+    if args.variant in ('vanilla', 'rope'):
+        flops = model_flops(sum(rows), rows)
+        dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(precision, torch.float32)
+        peak = matmul_peak(dtype, device)
+        print(f"  model FLOP/s (ours): {flops / ours / 1e9:.0f} GFLOP/s = {flops / ours / peak:.0%} of this "
+              f"machine's {precision} matmul peak ({peak / 1e9:.0f} GFLOP/s)")
 
     plain, ours, n = bench_evaluate(corpus, params, args.questions, device, args.variant, args.bottleneck_dim)
     print(f"evaluate (birth_dev.tsv, 32 characters per question{'' if args.params else ', untrained model'}):")

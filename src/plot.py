@@ -5,7 +5,9 @@
 
 Each CSV is what run.py writes beside the params (PARAMS.metrics.csv: one row per step).
 Pretraining runs (a file name with "pretrain.params") share one panel and finetuning
-runs another, with epochs on the x axis: the per-step loss, light, and its running mean.
+runs another, with epochs on the x axis: the per-step loss, light, its running mean, and
+the learning rate, dashed, on the right-hand axis (the 2021 schedule's cosine ends near
+epoch 200, then the rate climbs again: the loss curve shows it).
 Needs matplotlib (pip install matplotlib), which nothing else here uses.
 """
 import argparse
@@ -17,24 +19,26 @@ import utils
 
 
 def read_metrics(path):
-    """(epochs, losses) of a metrics CSV, epochs as fractions (step 11 of a run with 8
-    steps per epoch is at 1.375). Works on thinned CSVs too. A resumed run appends to its CSV and may repeat the steps it ran after its
-    last saved state: the later row of each step is kept."""
+    """(epochs, losses, learning rates) of a metrics CSV, epochs as fractions (step 11 of
+    a run with 8 steps per epoch is at 1.375). Works on thinned CSVs too. A resumed run
+    appends to its CSV and may repeat the steps it ran after its last saved state: the
+    later row of each step is kept."""
     try:
         with open(path, newline='', encoding='utf-8') as f:
             rows = list(csv.DictReader(f))
-        by_step = {int(r['step']): (int(r['epoch']), float(r['loss'])) for r in rows}
+        by_step = {int(r['step']): (int(r['epoch']), float(r['loss']), float(r['lr'])) for r in rows}
     except OSError as e:
         raise utils.UserError(f"{path}: cannot read: {e.strerror}")
     except (KeyError, ValueError, TypeError):
-        raise utils.UserError(f"{path}: not a metrics CSV (columns epoch, step, loss, ...)")
+        raise utils.UserError(f"{path}: not a metrics CSV (columns epoch, step, loss, lr, ...)")
     if not by_step:
         raise utils.UserError(f"{path}: no steps recorded")
     steps = sorted(by_step)
     # step s of epoch e means (e-1)*S < s <= e*S for S steps per epoch; the last step of
     # any epoch (the final row, at least, of a finished run) gives S exactly
     steps_per_epoch = max(-(-s // by_step[s][0]) for s in steps)
-    return [s / steps_per_epoch for s in steps], [by_step[s][1] for s in steps]
+    return ([s / steps_per_epoch for s in steps], [by_step[s][1] for s in steps],
+            [by_step[s][2] for s in steps])
 
 
 def running_mean(values, width):
@@ -62,15 +66,19 @@ def plot(paths, out):
     panels = {title: group for title, group in panels.items() if group}
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
     for ax, (title, group) in zip(axes[0], panels.items()):
+        lr_axis = ax.twinx()
         for path in group:
-            epochs, losses = read_metrics(path)
+            epochs, losses, lrs = read_metrics(path)
             width = max(1, len(losses) // 200)
             line, = ax.plot(epochs, losses, alpha=0.25, linewidth=0.6)
             ax.plot(epochs, running_mean(losses, width), color=line.get_color(), linewidth=1.4,
                     label=label(path))
+            lr_axis.plot(epochs, lrs, color=line.get_color(), linestyle='--', linewidth=0.8)
         ax.set_title(title)
         ax.set_xlabel('epoch')
         ax.set_ylabel('training loss (per step, and running mean)')
+        lr_axis.set_ylabel('learning rate (dashed)')
+        lr_axis.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()

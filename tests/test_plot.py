@@ -12,7 +12,7 @@ def write_metrics(path, rows):
         writer = csv.writer(f)
         writer.writerow(['epoch', 'step', 'loss', 'lr', 'tokens', 'seconds'])
         for epoch, step, loss in rows:
-            writer.writerow([epoch, step, loss, 1e-3, step * 100, 0.1 * step])
+            writer.writerow([epoch, step, loss, 1e-3 / step, step * 100, 0.1 * step])
 
 
 def test_epochs_are_fractions_and_a_resumed_step_keeps_its_later_row(tmp_path):
@@ -20,19 +20,21 @@ def test_epochs_are_fractions_and_a_resumed_step_keeps_its_later_row(tmp_path):
     rows = [((s - 1) // 4 + 1, s, 10.0 - s) for s in range(1, 11)]
     rows += [((s - 1) // 4 + 1, s, 100.0 + s) for s in range(9, 13)]
     write_metrics(tmp_path / 'm.csv', rows)
-    epochs, losses = plot.read_metrics(tmp_path / 'm.csv')
+    epochs, losses, lrs = plot.read_metrics(tmp_path / 'm.csv')
     assert epochs == [s / 4 for s in range(1, 13)]
     assert losses[:8] == [10.0 - s for s in range(1, 9)] and losses[8:] == [100.0 + s for s in range(9, 13)]
+    assert lrs == pytest.approx([1e-3 / s for s in range(1, 13)])
 
 
 def test_thinned_metrics_keep_their_epochs(tmp_path):
     rows = [((s - 1) // 23 + 1, s, 1.0) for s in range(1, 23 * 7 + 1) if s % 10 == 0 or s in (1, 23 * 7)]
     write_metrics(tmp_path / 'thin.csv', rows)
-    epochs, _ = plot.read_metrics(tmp_path / 'thin.csv')
+    epochs, _, _ = plot.read_metrics(tmp_path / 'thin.csv')
     assert epochs == [s / 23 for _, s, _ in rows]
 
 
-@pytest.mark.parametrize('content', ['', 'epoch,step,loss\n', 'a,b\n1,2\n', 'epoch,step,loss\n1,x,2\n'])
+@pytest.mark.parametrize('content', ['', 'epoch,step,loss,lr\n', 'a,b\n1,2\n', 'epoch,step,loss,lr\n1,x,2,1\n',
+                                     'epoch,step,loss\n1,1,2\n'])
 def test_bad_metrics_are_one_clear_error(tmp_path, content):
     (tmp_path / 'bad.csv').write_text(content, encoding='utf-8')
     with pytest.raises(utils.UserError, match='bad.csv'):

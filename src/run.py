@@ -202,7 +202,7 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
     run = trainer.Trainer(gpt, train_dataset, None, config)
     run.train()
     if run.rank == 0:
-        utils.atomic_save(trainer.cpu_state_dict(gpt), path)
+        utils.atomic_save(utils.cpu_state_dict(gpt), path)
     seconds = run.elapsed - run.resumed_elapsed  # this process's share of a resumed run
     print(f"{phase} done: {run.steps_run} steps in {format_seconds(seconds)} "
           f"({run.tokens_per_s(run.steps_run, getattr(train_dataset, 'padded_length', BLOCK_SIZE) - 1):,.0f} tokens/s), final loss {run.final_loss:.4f}; params written to {path}")

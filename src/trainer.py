@@ -4,8 +4,8 @@ rate schedule (linear warm-up, then cosine decay to 10%).
 It computes what the original minGPT trainer computes (same batches, in the same order,
 same schedule), faster: batches are built in this process (span corruption is cheap, and
 it keeps runs reproducible and resumable) and the loss skips positions that cannot
-affect it (GPT.packed_loss). Long runs can keep a resumable state: Ctrl-C or SIGTERM
-saves it and stops; `resume=True` continues exactly where the run stopped.
+affect it (GPT.packed_loss). Long runs can keep a resumable state (resume.py): Ctrl-C or
+SIGTERM saves it and stops; `resume=True` continues exactly where the run stopped.
 
 Under torchrun (init_distributed), each process computes the loss of its share of every
 batch's rows and DistributedDataParallel averages the gradients: the steps are those of one
@@ -14,7 +14,6 @@ process, and process 0 alone writes files.
 import csv
 import math
 import os
-import random
 import signal
 import threading
 import time
@@ -26,6 +25,7 @@ import torch.nn as nn
 from tqdm import tqdm
 
 import model as gpt_model
+import resume
 import utils
 
 
@@ -57,22 +57,6 @@ class TrainerConfig:
     def __init__(self, **kwargs):
         for k, v in kwargs.items():
             setattr(self, k, v)
-
-
-# What must match between an interrupted run and the run that resumes it.
-RESUME_KEYS = ('max_epochs', 'batch_size', 'learning_rate', 'betas', 'grad_norm_clip',
-               'weight_decay', 'lr_decay', 'warmup_tokens', 'final_tokens', 'precision')
-
-# What a resumable state holds, and the type of each part: tensors and plain Python values
-# only, so that it loads with weights_only=True (and so cannot run code).
-RESUME_STATE = {'model': dict, 'optimizer': dict, 'scaler': dict, 'epoch': int, 'step': int, 'tokens': int,
-                'elapsed': (int, float), 'config': dict, 'dataset_len': int, 'processes': int,
-                'python_rng': tuple, 'numpy_rng': tuple, 'process_rngs': list}
-# For a state refused for holding objects: states saved before RESUME_STATE kept numpy's
-# random state as an ndarray, and torch's random state beside it; this turns them into
-# what RESUME_STATE holds.
-UPGRADE_OLD_STATE = ('{**s, "numpy_rng": tuple(getattr(x, "tolist", lambda: x)() for x in s["numpy_rng"]), '
-                     '"scaler": {}, "processes": 1, "process_rngs": [{"torch": s["torch_rng"], "cuda": s["cuda_rng"]}]}')
 
 
 class TrainingInterrupted(Exception):
@@ -109,7 +93,7 @@ class Trainer:
 
     def save_checkpoint(self):
         if self.config.ckpt_path is not None and self.rank == 0:
-            utils.atomic_save(cpu_state_dict(self.model), self.config.ckpt_path)
+            utils.atomic_save(utils.cpu_state_dict(self.model), self.config.ckpt_path)
 
     def lr_at(self, tokens):
         config = self.config
@@ -184,7 +168,8 @@ class Trainer:
         start_epoch, start_step = 0, 0
         self.tokens, self.elapsed, self.resumed_elapsed = 0, 0.0, 0.0
         if config.resume:
-            start_epoch, start_step = self.load_resume_state(optimizer)
+            start_epoch, start_step = resume.load_state(self, optimizer)
+            self.resumed_elapsed = self.elapsed
         log = MetricsLog(config.metrics_path if self.rank == 0 else None, append=config.resume,
                          tensorboard_dir=config.tensorboard_dir if self.rank == 0 else None,
                          first_step=start_epoch * steps_per_epoch + start_step, average=self.average)
@@ -228,7 +213,7 @@ class Trainer:
                 log.flush(self.elapsed)
                 self.save_checkpoint()
                 if config.resume_path and self.any_process(time.time() - last_save >= config.save_every_s):
-                    self.save_resume_state(epoch + 1, 0, optimizer)
+                    resume.save_state(self, epoch + 1, 0, optimizer)
                     last_save = time.time()
         except NonFiniteLoss as e:
             kept = (f"the last good state is kept in {config.resume_path}" if config.resume_path
@@ -307,92 +292,9 @@ class Trainer:
 
     def stop(self, epoch, step, optimizer, log):
         log.flush(self.elapsed)
-        self.save_resume_state(epoch, step, optimizer)
+        resume.save_state(self, epoch, step, optimizer)
         raise TrainingInterrupted(
             f"interrupted at epoch {epoch + 1}, step {step}; state saved to {self.config.resume_path}")
-
-    def save_resume_state(self, epoch, step, optimizer):
-        """Process 0 writes it; under torchrun every process calls it, for its random state."""
-        config = self.config
-        rng = {'torch': torch.get_rng_state(),
-               'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-        if self.device == 'mps':
-            rng['mps'] = torch.mps.get_rng_state()
-        process_rngs = [rng]
-        if self.ddp is not None:
-            process_rngs = [None] * self.world_size
-            dist.all_gather_object(process_rngs, rng)
-        if self.rank > 0:
-            return
-        state = {
-            'model': cpu_state_dict(self.model),
-            'optimizer': optimizer.state_dict(),
-            'scaler': self.scaler.state_dict(),  # fp16's loss scale; empty otherwise
-            'epoch': epoch, 'step': step, 'tokens': self.tokens, 'elapsed': self.elapsed,
-            'config': {k: getattr(config, k) for k in RESUME_KEYS},
-            'dataset_len': len(self.train_dataset),
-            'python_rng': random.getstate(),
-            'numpy_rng': numpy_rng_state(),
-            'processes': self.world_size,
-            'process_rngs': process_rngs,  # each process's torch random state: its dropout stream
-        }
-        utils.atomic_save(state, config.resume_path)
-
-    def load_resume_state(self, optimizer):
-        """Restore what save_resume_state saved, after checking that it is this run's state:
-        anything else is one UserError line, before any step."""
-        config = self.config
-        where = f"--resume: {config.resume_path}"
-        if_trusted = ("If you trust the file (an earlier version of this code wrote it), convert it "
-                      "in place with: " + utils.convert_command(UPGRADE_OLD_STATE, config.resume_path,
-                                                                config.resume_path))
-        state = utils.load_weights_only(config.resume_path, where, 'resumable state', if_trusted)
-        if not isinstance(state, dict):
-            raise utils.UserError(f"{where}: not a resumable state (it holds a {type(state).__name__})")
-        for key, kind in RESUME_STATE.items():
-            if not isinstance(state.get(key), kind):
-                found = 'nothing' if key not in state else f"a {type(state[key]).__name__}"
-                raise utils.UserError(f"{where}: not a resumable state ({key!r} is {found})")
-        differ = [k for k in RESUME_KEYS if state['config'].get(k) != getattr(config, k)]
-        if state['dataset_len'] != len(self.train_dataset):
-            differ.append('dataset')
-        if state['processes'] != self.world_size:
-            differ.append(f"{state['processes']} processes, not {self.world_size}")
-        if differ:
-            raise utils.UserError(f"{where} was saved by a run with other "
-                                  f"settings ({', '.join(differ)}); run the same command again")
-        steps_per_epoch = math.ceil(len(self.train_dataset) / config.batch_size)
-        if not (0 <= state['epoch'] <= config.max_epochs and 0 <= state['step'] <= steps_per_epoch):
-            raise utils.UserError(f"{where}: damaged (epoch {state['epoch']}, step {state['step']} "
-                                  f"do not exist in this run)")
-        shapes = {name: tensor.shape for name, tensor in self.model.state_dict().items()}
-        utils.check_state_dict(state['model'], shapes, where, "this run's model")
-        try:
-            optimizer.load_state_dict(state['optimizer'])
-            for group in optimizer.param_groups:
-                for p in group['params']:
-                    for name, value in optimizer.state[p].items():
-                        if torch.is_tensor(value) and value.dim() and value.shape != p.shape:
-                            raise ValueError(f"optimizer {name} of shape {tuple(value.shape)} for a "
-                                             f"parameter of shape {tuple(p.shape)}")
-            if state['scaler']:
-                self.scaler.load_state_dict(state['scaler'])
-            random.setstate(state['python_rng'])
-            np.random.set_state(state['numpy_rng'])
-            rng = state['process_rngs'][self.rank]  # this process's dropout stream
-            torch.set_rng_state(rng['torch'])
-            if rng['cuda'] and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(rng['cuda'])
-            if 'mps' in rng and self.device == 'mps':
-                torch.mps.set_rng_state(rng['mps'])
-        except (ValueError, TypeError, RuntimeError, KeyError, IndexError, AttributeError, OverflowError) as e:
-            detail = str(e).strip().split('\n')[0] or type(e).__name__
-            raise utils.UserError(f"{where}: damaged ({detail})")
-        self.model.load_state_dict(state['model'])
-        self.tokens, self.elapsed = state['tokens'], state['elapsed']
-        self.resumed_elapsed = self.elapsed
-        print(f"resuming from {config.resume_path}: epoch {state['epoch'] + 1}, step {state['step']}")
-        return state['epoch'], state['step']
 
 
 class MetricsLog:
@@ -449,13 +351,6 @@ class MetricsLog:
             self.tensorboard.close()
 
 
-def numpy_rng_state():
-    """numpy's global random state as plain values: the legacy tuple with its key array as a
-    list of ints (np.random.set_state takes either)."""
-    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
-    return name, keys.tolist(), pos, has_gauss, cached_gaussian
-
-
 class PackedLoss(nn.Module):
     """model.packed_loss as a module's forward, for DistributedDataParallel to wrap."""
 
@@ -473,7 +368,3 @@ def init_distributed(device):
         torch.cuda.set_device(int(os.environ['LOCAL_RANK']))
     dist.init_process_group('nccl' if device == 'cuda' else 'gloo')
 
-
-def cpu_state_dict(model):
-    """The model's state_dict with CPU tensors, so .params files load on any machine."""
-    return {k: v.detach().cpu() for k, v in model.state_dict().items()}

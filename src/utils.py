@@ -107,6 +107,11 @@ def atomic_save(obj, path):
     atomic_write(path, lambda f: torch.save(obj, f))
 
 
+def cpu_state_dict(model):
+    """The model's state_dict with CPU tensors, so .params files load on any machine."""
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
 def load_weights_only(path, where, kind, if_trusted):
     """torch.load(path) with weights_only=True: only tensors and plain Python values (dicts,
     lists, tuples, numbers, strings) are rebuilt, so nothing in the file can run code, which

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 import dataset
 import model
+import resume
 import trainer
 import utils
 from conftest import tiny_corpus
@@ -142,7 +143,7 @@ def test_interrupt_and_resume_equals_uninterrupted(tmp_path, interrupt_at):
 
 def saved_state(tmp_path):
     """A resumable state of tiny_setup after one step (so the optimizer has moments), as
-    save_resume_state writes it; returned as loaded with weights_only=True."""
+    resume.save_state writes it; returned as loaded with weights_only=True."""
     gpt, ds, config = tiny_setup(resume_path=str(tmp_path / 'state.resume'))
     t = trainer.Trainer(gpt, ds, None, config)
     optimizer = t.make_optimizer()
@@ -150,11 +151,11 @@ def saved_state(tmp_path):
     x, y = t.batch(ds, 0)
     t.update(optimizer, gpt.packed_loss(x, y))
     t.tokens, t.elapsed = y.numel(), 1.5
-    t.save_resume_state(0, 1, optimizer)
+    resume.save_state(t, 0, 1, optimizer)
     return torch.load(tmp_path / 'state.resume', weights_only=True)
 
 
-def resume(tmp_path, steps=None):
+def resume_to_end(tmp_path, steps=None):
     """Resume tiny_setup from tmp_path/state.resume and train to the end; returns the model.
     Counts the steps run in `steps` (a list)."""
     gpt, ds, config = tiny_setup(resume_path=str(tmp_path / 'state.resume'), resume=True)
@@ -178,7 +179,7 @@ def test_resumable_state_is_plain_values_and_restores_numpy(tmp_path):
     np.random.seed(99)
     gpt, ds, config = tiny_setup(resume_path=str(tmp_path / 'state.resume'), resume=True)
     t = trainer.Trainer(gpt, ds, None, config)
-    assert t.load_resume_state(t.make_optimizer()) == (0, 1)
+    assert resume.load_state(t, t.make_optimizer()) == (0, 1)
     assert np.array_equal(np.random.rand(3), expected)
 
 
@@ -226,7 +227,7 @@ def test_damaged_resumable_state_is_one_line_before_any_step(tmp_path, what, dam
     torch.save(damage(saved_state(tmp_path)), tmp_path / 'state.resume')
     steps = []
     with pytest.raises(utils.UserError) as raised:
-        resume(tmp_path, steps)
+        resume_to_end(tmp_path, steps)
     assert len(str(raised.value).splitlines()) == 1, str(raised.value)
     assert re.search(r'^--resume: \S+state.resume' + message, str(raised.value)), str(raised.value)
     assert steps == [] and (tmp_path / 'state.resume').exists()
@@ -238,24 +239,24 @@ def test_damaged_resumable_state_is_one_line_before_any_step(tmp_path, what, dam
 def test_resumable_state_that_is_no_torch_file(tmp_path, content, message):
     (tmp_path / 'state.resume').write_bytes(content)
     with pytest.raises(utils.UserError, match=r'^--resume: \S+state.resume: ' + message + '$'):
-        resume(tmp_path)
+        resume_to_end(tmp_path)
 
 
 def test_a_state_saved_before_plain_values_converts_and_resumes_exactly(tmp_path):
     """Earlier versions saved numpy's random state as an ndarray: such a state is refused,
     and once converted with the printed command it resumes to the same model as now."""
     state = saved_state(tmp_path)
-    expected = resume(tmp_path).state_dict()
+    expected = resume_to_end(tmp_path).state_dict()
     name, keys, *rest = state['numpy_rng']
     old = {k: v for k, v in state.items() if k not in ('scaler', 'processes', 'process_rngs')}
     old.update(numpy_rng=(name, np.array(keys, dtype=np.uint32), *rest),
                torch_rng=state['process_rngs'][0]['torch'], cuda_rng=state['process_rngs'][0]['cuda'])
     torch.save(old, tmp_path / 'state.resume')
     with pytest.raises(utils.UserError, match=r'refused: it holds code or objects \(numpy') as raised:
-        resume(tmp_path)
+        resume_to_end(tmp_path)
     command = str(raised.value).split(' with: ')[1]
     subprocess.run(sys.executable + command[len('python'):], shell=True, check=True)
-    resumed = resume(tmp_path).state_dict()
+    resumed = resume_to_end(tmp_path).state_dict()
     assert all(torch.equal(resumed[k], expected[k]) for k in expected)
 
 

@@ -1,4 +1,10 @@
-"""File helpers: atomic saves, UTF-8 reading, data/ lookup, state_dict checks."""
+"""File helpers: atomic saves, UTF-8 reading, data/ lookup, state_dict checks; the CPU
+kernel cache's cap."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -81,3 +87,14 @@ def test_device_is_cuda_else_mps_else_cpu(monkeypatch, cuda, mps, expected):
         else:
             with pytest.raises(utils.UserError, match=f'--device {device}: not available'):
                 utils.pick_device(device)
+
+
+@pytest.mark.parametrize('users_value, expected', [(None, '128'), ('7', '7')])
+def test_onednn_kernel_cache_is_capped_unless_the_user_set_it(users_value, expected):
+    env = {k: v for k, v in os.environ.items() if k != 'ONEDNN_PRIMITIVE_CACHE_CAPACITY'}
+    if users_value is not None:
+        env['ONEDNN_PRIMITIVE_CACHE_CAPACITY'] = users_value
+    shown = subprocess.run([sys.executable, '-c', 'import os, utils; '
+                            'print(os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"])'],
+                           cwd=Path(utils.__file__).parent, env=env, capture_output=True, text=True)
+    assert shown.stdout.strip() == expected, shown.stderr

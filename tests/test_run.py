@@ -145,6 +145,19 @@ def test_same_seed_same_params_other_seed_other_params(tiny):
     assert not torch.equal(a['head.weight'], c['head.weight'])
 
 
+def test_the_cpu_kernel_cache_cap_changes_no_result(tiny):
+    """utils caps oneDNN's kernel cache to save memory: no cache at all (every bf16 matmul
+    compiles its kernel again) and oneDNN's default give the same params."""
+    def params(capacity):
+        name = f'cache{capacity}.params'
+        cli('pretrain', 'synthesizer', 'wiki.txt', '--writing_params_path', name, '--max_epochs', 2,
+            '--batch_size', 16, '--precision', 'bf16', '--device', 'cpu', cwd=tiny,
+            env={**os.environ, 'ONEDNN_PRIMITIVE_CACHE_CAPACITY': str(capacity)})
+        return torch.load(tiny / name, weights_only=True)
+    uncached, default = params(0), params(1024)
+    assert all(torch.equal(uncached[k], default[k]) for k in default)
+
+
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_cli_run_resumes_to_identical_params(tiny, signum):
     args = ['pretrain', 'vanilla', 'wiki.txt', '--max_epochs', 12, '--batch_size', 8, '--precision', 'fp32']

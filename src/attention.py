@@ -22,6 +22,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from dropout import Dropout
+from utils import to_device
 
 
 class Packing:
@@ -33,9 +34,10 @@ class Packing:
     similar length, each padded only to its own longest row.
 
     The index arithmetic runs on the CPU, where reading sizes back costs no GPU
-    synchronisation; only the two index tensors are copied to `device`."""
+    synchronisation; only the two index tensors are copied to `device`. The sizes are
+    plain ints, so a Packing passes through DistributedDataParallel's input copying as it is."""
 
-    def __init__(self, lengths, groups=8, device=None):
+    def __init__(self, lengths, groups=8, device='cpu'):
         lengths = lengths.cpu()  # (B,)
         self.T = int(lengths.max())  # the batch, trimmed to its longest row
         order = lengths.argsort(descending=True, stable=True)
@@ -50,8 +52,8 @@ class Packing:
             slots.append(start + kept)
             self.shapes.append((len(rows), width))
             start += len(rows) * width
-        self.index = _to(torch.cat(index), device)  # (N,) where each packed position sits in the (B, T) batch
-        self.slots = _to(torch.cat(slots), device)  # (N,) where it sits in the groups, laid end to end
+        self.index = to_device(torch.cat(index), device)  # (N,) where each packed position sits in the (B, T) batch
+        self.slots = to_device(torch.cat(slots), device)  # (N,) where it sits in the groups, laid end to end
 
     def select(self, x):
         """(B, T, ...) batch tensor -> (N, ...) kept positions."""
@@ -67,14 +69,6 @@ class Packing:
     def repack(self, padded):
         """The inverse of unpack."""
         return torch.cat([y.flatten(0, 1) for y in padded]).index_select(0, self.slots)  # (N, C)
-
-
-def _to(indices, device):
-    if device is None or torch.device(device).type == 'cpu':
-        return indices
-    if torch.device(device).type == 'cuda':  # pinned, the copy does not wait for the GPU
-        indices = indices.pin_memory()
-    return indices.to(device, non_blocking=True)
 
 
 def _split_heads(x, n_head):

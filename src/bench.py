@@ -18,6 +18,7 @@ Model FLOP/s counts only the work our step does, as a fraction of the measured m
 peak of this machine at the same precision (vanilla and rope; model_flops does not count
 the synthesizer's or the perceiver's layers).
 """
+import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
 import argparse
 import math
 import os

@@ -186,16 +186,15 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=0)
         return logits, loss
 
-    def packed_loss(self, idx, targets, lengths=None, n_targets=None):
+    def packed_loss(self, idx, targets, packing=None, n_targets=None):
         """forward(idx, targets)[1], computed only where it can make a difference: the
         positions after a row's last non-PAD target influence no counted target (attention
         is causal and PAD targets are ignored), so each row is cut there (see Packing).
-        lengths: target_lengths(targets), best given on the CPU (the trainer computes them
-        before the batch moves to the GPU). n_targets: divide the summed loss by this
+        packing: Packing(target_lengths(targets)), best made on the CPU (the trainer makes
+        it before the batch moves to the GPU). n_targets: divide the summed loss by this
         instead of averaging (a process holding part of a batch, see Trainer.loss)."""
-        if lengths is None:
-            lengths = target_lengths(targets)
-        packing = attention.Packing(lengths, device=idx.device)
+        if packing is None:
+            packing = attention.Packing(target_lengths(targets), device=idx.device)
         T = packing.T
         # embed the whole (trimmed) batch: gathering pos_emb per position would make its
         # gradient an accumulating scatter, whose order (and sum) varies between runs

@@ -11,12 +11,18 @@ as its handout passes (2023), rope (2024, 2025).
 It writes the handout's file names (vanilla.model.params, ...) into --outdir, so that
 collect_submission.sh can pack them, and skips each phase whose output already exists:
 after an interruption, run the same command again. A phase that was interrupted
-resumes from its saved state. The table goes to results.md beside the outputs.
+resumes from its saved state. results.json beside the outputs records the settings each
+was made with (edition, seed, --max_epochs, precision, corpus) and the params it was made
+from: an output made with other settings is refused, naming the file, before any work,
+and one whose params have changed since is made again. The table goes to results.md.
 """
+import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
 import argparse
+import hashlib
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 
@@ -66,6 +72,30 @@ def phases(out, edition='2021'):
                       path(f'{v}.finetune.params')))
         steps += evaluations(v, f'{v}.finetune.params', f'{v}.pretrain')
     return steps
+
+
+def check_made_with(steps, results, made_with):
+    """Refuses, before any work, outputs (or interrupted phases' states) that this command
+    would skip or resume but that were made with other settings."""
+    for name, _, output in steps:
+        recorded = results.get(name, {}).get('made_with')
+        found = [path for path in (output, output + '.resume') if os.path.exists(path)]
+        if found and recorded is not None and recorded != made_with:
+            show = lambda value: "the handout's" if value is None else value
+            differ = ', '.join(f"{key} {show(recorded.get(key))} (this command: {show(value)})"
+                               for key, value in made_with.items() if recorded.get(key) != value)
+            raise utils.UserError(f"{found[0]} was made with other settings: {differ}. Use another "
+                                  f"--outdir, or delete it to make it again with these settings")
+
+
+def input_digests(phase_argv):
+    """{path: md5} of the params files a phase reads: what its output was made from."""
+    digests = {}
+    for flag, path in zip(phase_argv, phase_argv[1:]):
+        if flag == '--reading_params_path' and os.path.exists(path):
+            with open(path, 'rb') as f:
+                digests[path] = hashlib.md5(f.read()).hexdigest()
+    return digests
 
 
 def run_phase(argv, output, corpus, overrides, device):
@@ -134,30 +164,42 @@ def main(argv=None):
     os.makedirs(args.outdir, exist_ok=True)
     record = os.path.join(args.outdir, 'results.json')
     results = json.loads(open(record, encoding='utf-8').read()) if os.path.exists(record) else {}
+    made_with = {'edition': args.edition, 'seed': args.seed, 'max_epochs': args.max_epochs,
+                 'precision': run.training_precision(args.precision, device),
+                 'pretrain_corpus': os.path.basename(args.pretrain_corpus_path)}
+    save_record = lambda: utils.atomic_write(record, lambda f: f.write(json.dumps(results, indent=1).encode('utf-8')))
     try:
-        for name, phase_argv, output in phases(args.outdir, args.edition):
-            if os.path.exists(output):
+        steps = phases(args.outdir, args.edition)
+        check_made_with(steps, results, made_with)
+        for name, phase_argv, output in steps:
+            inputs = input_digests(phase_argv)
+            if os.path.exists(output) and results.get(name, {}).get('inputs', inputs) == inputs:
                 print(f"== {name}: {output} exists, skipped")
                 results.setdefault(name, {'seconds': None})
             else:
-                print(f"== {name}")
+                if os.path.exists(output):
+                    print(f"== {name}: redone, as its input changed since {output} was made")
+                else:
+                    print(f"== {name}")
+                results[name] = {'made_with': made_with, 'inputs': inputs, 'seconds': None}
+                save_record()  # before the work: a leftover .resume is then known to be this run's
                 start = time.time()
                 run_phase(phase_argv, output, args.pretrain_corpus_path, overrides, device)
-                results[name] = {'seconds': time.time() - start}
+                results[name]['seconds'] = time.time() - start
             if name.endswith('evaluate dev'):
                 predictions = open(output, encoding='utf-8').read().splitlines()
                 dev = utils.evaluate_places('birth_dev.tsv', predictions)
                 results[name]['accuracy'] = accuracy(dev)
-            utils.atomic_write(record, lambda f: f.write(json.dumps(results, indent=1).encode('utf-8')))
+            save_record()
         london = london_baseline('birth_dev.tsv')
         results['London baseline'] = {'accuracy': accuracy(london), 'seconds': 0}
         if args.edition in ('2024', '2025'):  # their submission holds it
             write_accuracy(*london, os.path.join(args.outdir, 'london_baseline_accuracy.txt'))
     except utils.UserError as e:
         sys.exit(f"error: {e}")
-    except trainer.TrainingInterrupted as e:
-        again = ' '.join(['python', 'src/reproduce.py'] + (sys.argv[1:] if argv is None else argv))
-        print(f"\n{e}. To continue: {again}", file=sys.stderr)
+    except (trainer.TrainingInterrupted, KeyboardInterrupt) as e:
+        again = shlex.join(['python', 'src/reproduce.py'] + (sys.argv[1:] if argv is None else argv))
+        print(f"\n{str(e) or 'interrupted'}. To continue: {again}", file=sys.stderr)
         sys.exit(130)
     except trainer.NonFiniteLoss as e:
         sys.exit(f"error: {e}")

@@ -77,14 +77,14 @@ def load_state(run, optimizer):
         if not isinstance(state.get(key), kind):
             found = 'nothing' if key not in state else f"a {type(state[key]).__name__}"
             raise utils.UserError(f"{where}: not a resumable state ({key!r} is {found})")
-    differ = [k for k in SETTINGS if state['config'].get(k) != getattr(config, k)]
-    if state['dataset_len'] != len(run.train_dataset):
-        differ.append('dataset')
-    if state['processes'] != run.world_size:
-        differ.append(f"{state['processes']} processes, not {run.world_size}")
+    saved = {**state['config'], 'examples': state['dataset_len'], 'processes': state['processes']}
+    current = {**{k: getattr(config, k) for k in SETTINGS}, 'examples': len(run.train_dataset),
+               'processes': run.world_size}
+    differ = [f"{k} {saved.get(k)} (this run: {v})" for k, v in current.items() if saved.get(k) != v]
     if differ:
-        raise utils.UserError(f"{where} was saved by a run with other "
-                              f"settings ({', '.join(differ)}); run the same command again")
+        raise utils.UserError(f"{where} was saved by a run with other settings: {', '.join(differ)}. "
+                              f"To continue that run, give it those settings again; to start afresh, "
+                              f"leave out --resume (or delete the file)")
     steps_per_epoch = math.ceil(len(run.train_dataset) / config.batch_size)
     if not (0 <= state['epoch'] <= config.max_epochs and 0 <= state['step'] <= steps_per_epoch):
         raise utils.UserError(f"{where}: damaged (epoch {state['epoch']}, step {state['step']} "

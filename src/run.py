@@ -13,11 +13,13 @@ also looked for in data/. EDITIONS below holds what differs between the editions
 of the parsed arguments, and everything that can be checked is checked before any
 training starts.
 """
+import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
 import argparse
 import functools
 import os
 import shlex
 import sys
+import time
 from typing import NamedTuple
 
 import torch
@@ -203,6 +205,9 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
     run.train()
     if run.rank == 0:
         utils.atomic_save(utils.cpu_state_dict(gpt), path)
+        # only now: a run stopped before its params are written can still be resumed
+        if os.path.exists(config.resume_path):
+            os.remove(config.resume_path)
     seconds = run.elapsed - run.resumed_elapsed  # this process's share of a resumed run
     print(f"{phase} done: {run.steps_run} steps in {format_seconds(seconds)} "
           f"({run.tokens_per_s(run.steps_run, getattr(train_dataset, 'padded_length', BLOCK_SIZE) - 1):,.0f} tokens/s), final loss {run.final_loss:.4f}; params written to {path}")
@@ -445,16 +450,26 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except trainer.TrainingInterrupted as e:
-        launcher = ['torchrun', f'--nproc_per_node={PROCESSES}'] if PROCESSES > 1 else ['python']
-        command = launcher + ['src/run.py'] + argv + ([] if args.resume else ['--resume'])
-        print(f"\n{e}. To continue: {shlex.join(command)}", file=sys.stderr)
+        print(f"\n{e}. To continue: {continue_command(args, argv)}", file=sys.stderr)
         sys.exit(130)
     except trainer.NonFiniteLoss as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(3)
     except KeyboardInterrupt:  # before training started, or a second Ctrl-C
-        print("\ninterrupted; no resumable state was saved", file=sys.stderr)
+        state = f"{args.writing_params_path}.resume" if args.function != 'evaluate' else None
+        if state and os.path.exists(state):
+            saved = time.strftime('%H:%M:%S', time.localtime(os.path.getmtime(state)))
+            print(f"\ninterrupted; {state} keeps the state saved at {saved}. To continue from it: "
+                  f"{continue_command(args, argv)}", file=sys.stderr)
+        else:
+            print("\ninterrupted; no resumable state was saved", file=sys.stderr)
         sys.exit(130)
+
+
+def continue_command(args, argv):
+    """The command that continues this interrupted run from its resumable state."""
+    launcher = ['torchrun', f'--nproc_per_node={PROCESSES}'] if PROCESSES > 1 else ['python']
+    return shlex.join(launcher + ['src/run.py'] + argv + ([] if args.resume else ['--resume']))
 
 
 if __name__ == '__main__':

@@ -5,7 +5,8 @@ It computes what the original minGPT trainer computes (same batches, in the same
 same schedule), faster: batches are built in this process (span corruption is cheap, and
 it keeps runs reproducible and resumable) and the loss skips positions that cannot
 affect it (GPT.packed_loss). Long runs can keep a resumable state (resume.py): Ctrl-C or
-SIGTERM saves it and stops; `resume=True` continues exactly where the run stopped.
+SIGTERM saves it and stops; `resume=True` continues exactly where the run stopped. A
+finished run leaves its state in place: the caller removes it once the params are written.
 
 Under torchrun (init_distributed), each process computes the loss of its share of every
 batch's rows and DistributedDataParallel averages the gradients: the steps are those of one
@@ -24,6 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from tqdm import tqdm
 
+import attention
 import model as gpt_model
 import resume
 import utils
@@ -131,31 +133,31 @@ class Trainer:
         return x, y
 
     def to_device(self, *tensors):
-        if self.device == 'cuda':  # pinned, the copy does not wait for the GPU
-            tensors = [t.pin_memory() for t in tensors]
-        return [t.to(self.device, non_blocking=True) for t in tensors]
+        return [utils.to_device(t, self.device) for t in tensors]
 
     def loss(self, x, y):
         """The loss of the CPU batch x, y: the mean over its non-PAD targets, as
         forward() computes it. The packing is worked out on the CPU, before the batch
-        moves, so that it costs the GPU no synchronisation. Under torchrun, this process
-        takes every world_size-th row by length (so each gets a similar share of the
-        work), sums its rows' losses and divides by the whole batch's count of targets,
-        times world_size since DDP averages the processes' gradients."""
+        moves, so that it costs the GPU no synchronisation; DDP is given the packing, not
+        the lengths, which it would copy to the GPU. Under torchrun, this process takes
+        every world_size-th row by length (so each gets a similar share of the work),
+        sums its rows' losses and divides by the whole batch's count of targets, times
+        world_size since DDP averages the processes' gradients."""
         lengths = gpt_model.target_lengths(y)  # (b,)
         if self.ddp is None:
+            packing = attention.Packing(lengths, device=self.device)
             x, y = self.to_device(x, y)
             with self.autocast():
-                return self.model.packed_loss(x, y, lengths)
+                return self.model.packed_loss(x, y, packing)
         rows = lengths.argsort(descending=True, stable=True)[self.rank::self.world_size]
         share = 1.0
         if len(rows) == 0:  # fewer rows than processes: still join the gradient reduction
             rows, share = rows.new_zeros(1), 0.0
         n_targets = int((y != 0).sum()) / self.world_size
+        packing = attention.Packing(lengths[rows], device=self.device)
         x, y = self.to_device(x[rows], y[rows])
-        lengths = lengths[rows]
         with self.autocast():
-            return self.ddp(x, y, lengths, n_targets) * share
+            return self.ddp(x, y, packing, n_targets) * share
 
     def autocast(self):
         dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(self.config.precision)
@@ -228,8 +230,6 @@ class Trainer:
         self.elapsed = time.time() - start_time
         self.steps_run = done - first_done
         self.final_loss = log.last_loss
-        if config.resume_path and os.path.exists(config.resume_path) and self.rank == 0:
-            os.remove(config.resume_path)  # finished: nothing left to resume
 
     def any_process(self, flag):
         """Whether flag is true in any process; every process must ask at the same step."""

@@ -1,12 +1,12 @@
 """Helpers shared by the scripts: seeding, the device, reading input files, saving and
 loading files safely, greedy decoding (the plain reference and the fast batched one) and
-scoring; and, at import, a cap on the CPU kernel cache that keeps pretraining's memory down."""
+scoring."""
 import os
 import pickle
 import random
 import re
+import secrets
 import shlex
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +14,6 @@ import torch
 from torch.nn import functional as F
 
 DATA_DIR = Path(__file__).resolve().parent.parent / 'data'
-
-# PyTorch's bf16 kernels on the CPU (oneDNN) keep one compiled kernel for each shape they
-# meet, up to 1,024. Packed batches change shape every step, so the cache kept filling for
-# hours, and the kernels left among the freed activations fragmented the heap: the 2021
-# pretraining grew to 7 GB. 128 holds a step's shapes (the perceiver's nearly all). oneDNN
-# reads this at the first bf16 matmul, hence here, at import; a value the user set wins.
-os.environ.setdefault('ONEDNN_PRIMITIVE_CACHE_CAPACITY', '128')
 
 
 class UserError(Exception):
@@ -49,6 +42,16 @@ def pick_device(requested='auto'):
     if not available[requested]:
         raise UserError(f"--device {requested}: not available on this machine (torch {torch.__version__})")
     return requested
+
+
+def to_device(tensor, device):
+    """A CPU tensor copied to `device`. To a CUDA GPU the copy goes from pinned memory and
+    does not wait for the GPU. Elsewhere it is an ordinary copy: a non-blocking copy from
+    unpinned memory (to MPS, say) may read the source after it has been freed."""
+    device = torch.device(device)
+    if device.type == 'cuda':
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 # --- Files -------------------------------------------------------------------------------
@@ -97,9 +100,18 @@ def read_lines(path):
 
 def atomic_write(path, write):
     """Call write(file_object) on a temporary file beside `path`, then rename it over
-    `path`: an interrupted save never leaves a truncated file behind."""
+    `path`: an interrupted save never leaves a truncated file behind. The file gets the
+    mode any new file of the user's gets (0666 less the umask), where tempfile's own
+    temporary files would be private (0600)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_BINARY', 0)
+    while True:
+        tmp = path.parent / f'.{path.name}.{secrets.token_hex(4)}.tmp'
+        try:
+            fd = os.open(tmp, flags, 0o666)
+            break
+        except FileExistsError:
+            continue
     try:
         with os.fdopen(fd, 'wb') as f:
             write(f)

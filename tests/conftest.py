@@ -10,6 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / 'src'))
+import cpu_libraries  # noqa: E402,F401 (before torch loads, as the scripts do)
 
 DATA_FILES = ['wiki.txt', 'birth_places_train.tsv', 'birth_dev.tsv', 'birth_test_inputs.tsv']
 SHARED_DATA = ROOT.parent / 'shared' / 'data'

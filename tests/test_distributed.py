@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import attention
 import dataset
 import model
 import trainer
@@ -86,7 +87,6 @@ def test_two_processes_compute_what_one_computes(tmp_path):
     # one writer of the metrics, with the whole batch's loss; the resumed run appended to them
     torch.testing.assert_close(csv_losses(ddp / 'metrics.csv'), csv_losses(single / 'metrics.csv'),
                                rtol=1e-5, atol=1e-6)
-    assert not (ddp / 'state.resume').exists()
 
 
 def torchrun(*args, cwd, **kwargs):
@@ -123,3 +123,20 @@ def test_torchrun_command_line_ctrl_c_and_resume(tiny):
     resumed = torch.load(tiny / 'resumed.params', weights_only=True)
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
     assert not (tiny / 'resumed.params.resume').exists()
+
+
+def test_ddp_is_given_the_packing_not_tensors_to_copy_back(tmp_path):
+    """DistributedDataParallel with device_ids copies every tensor argument to the GPU: a
+    process's share of the batch must reach it as x and y (already on the device) and a
+    Packing worked out on the CPU, which DDP's copying leaves as it is, so no size is
+    read back from the GPU. Simulated: DDP's own copying, to the meta device."""
+    gpt, ds, config = setup(tmp_path)
+    t = trainer.Trainer(gpt, ds, None, config)
+    given = []
+    t.ddp, t.rank, t.world_size = lambda *args: given.append(args) or torch.zeros(()), 1, 2
+    x, y = t.batch(ds, 0)
+    t.loss(x, y)
+    (args,) = given
+    assert [type(a) for a in args] == [torch.Tensor, torch.Tensor, attention.Packing, float]
+    moved = torch.distributed.utils._recursive_to(args, torch.device('meta'), False)[0]
+    assert moved[2] is args[2] and all(isinstance(v, int) for v in (args[2].T, *sum(args[2].shapes, ())))

@@ -203,7 +203,7 @@ def test_packed_loss_of_a_share_of_the_rows():
     _, plain = gpt(idx, targets)
     lengths = model.target_lengths(targets)
     n_targets = int((targets != 0).sum())
-    shares = [gpt.packed_loss(idx[rows], targets[rows], lengths[rows], n_targets)
+    shares = [gpt.packed_loss(idx[rows], targets[rows], attention.Packing(lengths[rows]), n_targets)
               for rows in lengths.argsort(descending=True).tensor_split(torch.arange(1, 3))]
     torch.testing.assert_close(sum(shares), plain, atol=1e-6, rtol=1e-5)
 

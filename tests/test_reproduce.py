@@ -2,15 +2,23 @@
 import re
 import shutil
 
+import pytest
+import torch
+
 import reproduce
 
 
-def test_reproduce_everything_then_only_what_is_missing(tiny, monkeypatch, capsys):
+def test_reproduce_everything_then_only_what_is_missing_or_stale(tiny, monkeypatch, capsys):
+    """The whole pipeline, then again after deleting two outputs: only those are made.
+    Other settings in the same folder (a quick --max_epochs 1 check, then the handout's)
+    are refused before any work, naming the file, also for an interrupted phase's state;
+    an output whose params have changed since is made again."""
     for ours, handout in (('train.tsv', 'birth_places_train.tsv'), ('dev.tsv', 'birth_dev.tsv'),
                           ('test.tsv', 'birth_test_inputs.tsv')):
         shutil.copy(tiny / ours, tiny / handout)
     monkeypatch.chdir(tiny)
-    reproduce.main(['--max_epochs', '1', '--outdir', 'out', '--precision', 'fp32'])
+    quick = ['--max_epochs', '1', '--outdir', 'out', '--precision', 'fp32', '--device', 'cpu']
+    reproduce.main(quick)
     out = capsys.readouterr().out
     for name in ['vanilla.model.params', 'vanilla.pretrain.params', 'vanilla.finetune.params',
                  'synthesizer.pretrain.params', 'synthesizer.finetune.params'] + \
@@ -29,7 +37,28 @@ def test_reproduce_everything_then_only_what_is_missing(tiny, monkeypatch, capsy
 
     (tiny / 'out' / 'synthesizer.finetune.params').unlink()
     (tiny / 'out' / 'synthesizer.pretrain.dev.predictions').unlink()
-    reproduce.main(['--max_epochs', '1', '--outdir', 'out', '--precision', 'fp32'])
+    reproduce.main(quick)
     out = capsys.readouterr().out
     assert out.count('exists, skipped') == 9
     assert '== synthesizer: finetune\n' in out and '== synthesizer.pretrain: evaluate dev\n' in out
+
+
+    made = {p.name: p.stat().st_mtime_ns for p in (tiny / 'out').iterdir()}
+    with pytest.raises(SystemExit, match=r"^error: out/vanilla.model.params was made with other settings: max_epochs "
+                                         r"1 \(this command: the handout's\)\. Use another --outdir, or delete it"):
+        reproduce.main(quick[2:])
+    (tiny / 'out' / 'vanilla.model.params').rename(tiny / 'out' / 'vanilla.model.params.resume')
+    with pytest.raises(SystemExit, match=r"^error: out/vanilla.model.params.resume was made with other settings: "
+                                         r"seed 0 \(this command: 1\)"):
+        reproduce.main(quick + ['--seed', '1'])
+    (tiny / 'out' / 'vanilla.model.params.resume').rename(tiny / 'out' / 'vanilla.model.params')
+    assert {p.name: p.stat().st_mtime_ns for p in (tiny / 'out').iterdir()} == made  # nothing touched
+
+    params = torch.load(tiny / 'out' / 'synthesizer.pretrain.params', weights_only=True)
+    params['head.weight'] += 0.01
+    torch.save(params, tiny / 'out' / 'synthesizer.pretrain.params')
+    reproduce.main(quick)
+    out = capsys.readouterr().out
+    assert out.count('exists, skipped') == 8 and out.count('redone, as its input changed') == 3
+    assert ('== synthesizer: finetune: redone, as its input changed since out/synthesizer.finetune.params '
+            'was made\n') in out

@@ -14,15 +14,24 @@ import pytest
 import torch
 
 import run
+import trainer
+import utils
 from conftest import ROOT
 
 PYTHON = sys.executable
 CORRECT_LINE = re.compile(r'^Correct: (\d+\.0) out of (\d+\.0): ([\d.e-]+)%$', re.M)
 
 
+def on_cpu(args):
+    """args with --device cpu unless they name a device: the suite's exact comparisons are
+    the CPU's (tests/test_accelerators.py checks CUDA and MPS against it)."""
+    args = [str(a) for a in args]
+    return args if '--device' in args else args + ['--device', 'cpu']
+
+
 def cli(*args, cwd, check=True, env=None):
-    """python src/run.py ARGS from `cwd`, as a student runs it."""
-    result = subprocess.run([PYTHON, str(ROOT / 'src' / 'run.py'), *map(str, args)], cwd=cwd,
+    """python src/run.py ARGS from `cwd`, as a student runs it (on the CPU)."""
+    result = subprocess.run([PYTHON, str(ROOT / 'src' / 'run.py'), *on_cpu(args)], cwd=cwd,
                             capture_output=True, text=True, env=env)
     if check:
         assert result.returncode == 0, result.stderr
@@ -31,11 +40,11 @@ def cli(*args, cwd, check=True, env=None):
 
 
 def main(*args, cwd):
-    """run.main in this process (faster); returns the exit code, 0 when it returned."""
+    """run.main in this process (faster, on the CPU); returns the exit code, 0 when it returned."""
     old = os.getcwd()
     os.chdir(cwd)
     try:
-        run.main([str(a) for a in args])
+        run.main(on_cpu(args))
         return 0
     except SystemExit as e:
         return e.code
@@ -145,6 +154,46 @@ def test_same_seed_same_params_other_seed_other_params(tiny):
     assert not torch.equal(a['head.weight'], c['head.weight'])
 
 
+@pytest.mark.parametrize('precision', ['fp32', 'bf16'])
+def test_the_same_command_in_separate_processes_gives_the_same_params(tiny, precision):
+    """Each process lays out its memory differently; MKL's fp32 products (set up by
+    cpu_libraries) and everything else must give the same bits all the same."""
+    args = ['pretrain', 'vanilla', 'wiki.txt', '--max_epochs', 6, '--batch_size', 8, '--precision', precision]
+    runs = []
+    for i in range(3):
+        cli(*args, '--writing_params_path', f'{i}.params', cwd=tiny)
+        runs.append(torch.load(tiny / f'{i}.params', weights_only=True))
+    for other in runs[1:]:
+        assert all(torch.equal(runs[0][k], other[k]) for k in runs[0])
+
+
+def test_params_are_written_before_the_state_is_removed(tiny, monkeypatch, capsys):
+    """Ctrl-C while the finished run writes its params: the resumable state is still there,
+    the message says so, and --resume ends with the params of an uninterrupted run."""
+    args = ['pretrain', 'vanilla', 'wiki.txt', '--max_epochs', 3, '--batch_size', 8, '--precision', 'fp32']
+    assert main(*args, '--writing_params_path', 'straight.params', cwd=tiny) == 0
+    monkeypatch.setattr(trainer.TrainerConfig, 'save_every_s', 0)  # a state after every epoch
+    real_save = utils.atomic_save
+
+    def interrupted_writing_params(obj, path):
+        if str(path).endswith('.params'):
+            raise KeyboardInterrupt
+        real_save(obj, path)
+
+    monkeypatch.setattr(utils, 'atomic_save', interrupted_writing_params)
+    capsys.readouterr()
+    assert main(*args, '--writing_params_path', 'resumed.params', cwd=tiny) == 130
+    err = capsys.readouterr().err
+    assert re.search(r'^interrupted; resumed.params.resume keeps the state saved at \d\d:\d\d:\d\d\. To continue '
+                     r'from it: python src/run.py pretrain .* --resume$', err.strip().splitlines()[-1]), err
+    monkeypatch.setattr(utils, 'atomic_save', real_save)
+    assert main(*args, '--writing_params_path', 'resumed.params', '--resume', cwd=tiny) == 0
+    straight = torch.load(tiny / 'straight.params', weights_only=True)
+    resumed = torch.load(tiny / 'resumed.params', weights_only=True)
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    assert not (tiny / 'resumed.params.resume').exists()
+
+
 def test_the_cpu_kernel_cache_cap_changes_no_result(tiny):
     """utils caps oneDNN's kernel cache to save memory: no cache at all (every bf16 matmul
     compiles its kernel again) and oneDNN's default give the same params."""
@@ -163,7 +212,7 @@ def test_interrupted_cli_run_resumes_to_identical_params(tiny, signum):
     args = ['pretrain', 'vanilla', 'wiki.txt', '--max_epochs', 12, '--batch_size', 8, '--precision', 'fp32']
     cli(*args, '--writing_params_path', 'straight.params', cwd=tiny)
 
-    process = subprocess.Popen([PYTHON, str(ROOT / 'src' / 'run.py'), *map(str, args),
+    process = subprocess.Popen([PYTHON, str(ROOT / 'src' / 'run.py'), *on_cpu(args),
                                 '--writing_params_path', 'resumed.params'],
                                cwd=tiny, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tiny / 'resumed.params.metrics.csv'

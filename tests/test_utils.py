@@ -1,6 +1,8 @@
-"""File helpers: atomic saves, UTF-8 reading, data/ lookup, state_dict checks; the CPU
-kernel cache's cap."""
+"""File helpers: atomic saves, UTF-8 reading, data/ lookup, state_dict checks; copies to
+the device; the CPU libraries' settings (cpu_libraries.py)."""
 import os
+import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import cpu_libraries
 import utils
+from conftest import ROOT
 
 
 def test_interrupted_save_leaves_the_old_file_whole(tmp_path):
@@ -94,7 +98,48 @@ def test_onednn_kernel_cache_is_capped_unless_the_user_set_it(users_value, expec
     env = {k: v for k, v in os.environ.items() if k != 'ONEDNN_PRIMITIVE_CACHE_CAPACITY'}
     if users_value is not None:
         env['ONEDNN_PRIMITIVE_CACHE_CAPACITY'] = users_value
-    shown = subprocess.run([sys.executable, '-c', 'import os, utils; '
+    shown = subprocess.run([sys.executable, '-c', 'import os, cpu_libraries; '
                             'print(os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"])'],
                            cwd=Path(utils.__file__).parent, env=env, capture_output=True, text=True)
     assert shown.stdout.strip() == expected, shown.stderr
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="this torch has no MKL")
+@pytest.mark.parametrize('users_value, expected', [(None, 'CNR:AUTO,STRICT Dyn:0'), ('', 'CNR:OFF Dyn:0')])
+def test_mkl_runs_reproducibly_from_the_command_line(tiny, users_value, expected):
+    """run.py sets MKL's reproducible mode and fixed thread count before torch loads MKL
+    (MKL_VERBOSE shows what every fp32 matrix product ran with); the user's value wins."""
+    env = {k: v for k, v in os.environ.items() if k not in cpu_libraries.SETTINGS}
+    env['MKL_VERBOSE'] = '1'
+    if users_value is not None:
+        env['MKL_CBWR'] = users_value
+    result = subprocess.run([sys.executable, str(ROOT / 'src' / 'run.py'), 'pretrain', 'vanilla', 'wiki.txt',
+                             '--writing_params_path', 'p.params', '--max_epochs', '1', '--batch_size', '16',
+                             '--precision', 'fp32', '--device', 'cpu'],
+                            cwd=tiny, env=env, capture_output=True, text=True)
+    calls = [line for line in result.stdout.splitlines() if re.match(r'MKL_VERBOSE [SD]GEMM', line)]
+    assert result.returncode == 0 and calls, result.stderr
+    assert all(expected in line for line in calls), calls[0]
+
+
+@pytest.mark.parametrize('umask, mode', [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_written_files_get_the_users_usual_mode(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        utils.atomic_save({'w': torch.ones(3)}, tmp_path / 'model.params')
+    finally:
+        os.umask(old)
+    if os.name == 'posix':
+        assert stat.S_IMODE((tmp_path / 'model.params').stat().st_mode) == mode
+
+
+def test_copies_to_the_gpu_are_non_blocking_only_from_pinned_memory(monkeypatch):
+    """Simulated (no GPU needed): to CUDA, pinned then non-blocking; to MPS or the CPU, a
+    plain copy, since a non-blocking one from unpinned memory may read freed memory."""
+    copies = []
+    monkeypatch.setattr(torch.Tensor, 'pin_memory', lambda t: copies.append('pin') or t)
+    monkeypatch.setattr(torch.Tensor, 'to', lambda t, device, **kw: copies.append((str(device), kw)) or t)
+    x = torch.arange(3)
+    for device in ('cuda', 'mps', 'cpu'):
+        utils.to_device(x, device)
+    assert copies == ['pin', ('cuda', {'non_blocking': True}), ('mps', {}), ('cpu', {})]

@@ -1,0 +1,114 @@
+"""CUDA and Apple's MPS against the CPU: these run only where such a device is present,
+and are skipped, saying so, everywhere else (the rest of the suite pins the CPU, whose
+results it checks bit for bit). A few training steps in each precision the device offers
+against fp32 on the CPU, the packed loss against the plain one, cached greedy decoding
+against the plain decoder, and an interrupted and resumed run against a straight one."""
+import random
+
+import pytest
+import torch
+
+import trainer
+import utils
+from test_model import SMALL, VARIANTS, make_gpt, ragged_batch
+from test_trainer import tiny_setup
+
+DEVICES = [pytest.param('cuda', marks=pytest.mark.skipif(not torch.cuda.is_available(), reason='no CUDA GPU here')),
+           pytest.param('mps', marks=pytest.mark.skipif(not torch.backends.mps.is_available(), reason='no Apple GPU here'))]
+
+
+def offers(device, precision):
+    """Whether `device` trains in `precision` (bf16 natively from compute capability 8.0)."""
+    if device == 'cuda' and precision == 'bf16':
+        return torch.cuda.get_device_capability() >= (8, 0)
+    return True
+
+
+def train_steps(device, precision, steps=5):
+    """The tiny setup without dropout: each step's loss, and the first step's gradients."""
+    random.seed(0)
+    gpt, ds, config = tiny_setup(precision=precision, device=device)
+    for m in gpt.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    t = trainer.Trainer(gpt, ds, None, config)
+    optimizer = t.make_optimizer()
+    losses, first_grads = [], None
+    for step in range(steps):
+        loss = t.loss(*t.batch(ds, step % 4))
+        t.update(optimizer, loss)
+        losses.append(loss.item())
+        if first_grads is None:
+            first_grads = {n: p.grad.float().cpu() for n, p in gpt.named_parameters()}
+    return losses, first_grads
+
+
+@pytest.mark.parametrize('device', DEVICES)
+@pytest.mark.parametrize('precision', ['fp32', 'bf16', 'fp16'])
+def test_training_steps_match_the_cpu(device, precision):
+    if not offers(device, precision):
+        pytest.skip(f'{device} has no native {precision}')
+    cpu_losses, cpu_grads = train_steps('cpu', 'fp32')
+    losses, grads = train_steps(device, precision)
+    loss_tolerance, grad_tolerance = (1e-4, 1e-3) if precision == 'fp32' else (2e-2, 5e-2)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(cpu_losses), rtol=loss_tolerance, atol=0)
+    # relative to each gradient's size, with a floor: some (the key biases') are zero but for rounding
+    floor = 1e-3 * torch.cat([g.flatten() for g in cpu_grads.values()]).norm()
+    for name, grad in grads.items():
+        error = (grad - cpu_grads[name]).norm() / (cpu_grads[name].norm() + floor)
+        assert error < grad_tolerance, name
+
+
+@pytest.mark.parametrize('device', DEVICES)
+@pytest.mark.parametrize('variant', VARIANTS)
+def test_packed_loss_equals_plain_loss(device, variant):
+    gpt = make_gpt(variant, **SMALL, sharp=True).eval().to(device)
+    idx, targets = (t.to(device) for t in ragged_batch(40, leading_pad=True))
+    with torch.no_grad():
+        _, plain = gpt(idx, targets)
+        packed = gpt.packed_loss(idx, targets)
+    torch.testing.assert_close(packed, plain, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize('device', DEVICES)
+@pytest.mark.parametrize('variant', VARIANTS)
+def test_cached_decoding_equals_plain_decoding(device, variant):
+    gpt = make_gpt(variant, **dict(SMALL, vocab=12), sharp=True).eval().to(device)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(2, 12, (n,), generator=g) for n in [5, 9, 5, 17, 9, 40, 1]]
+    plains = [utils.sample(gpt, p[None].to(device), 32)[0, len(p):].tolist() for p in prompts]
+    assert utils.greedy_complete(gpt, prompts, 32, stop_id=-1, batch_size=2) == plains
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_interrupted_run_resumes_to_the_same_losses(tmp_path, device):
+    """Dropout on: the device's random state is part of the resumable state, so the resumed
+    run's losses are the straight run's (other dropout masks would move them by percents).
+    Compared within rounding, not bit for bit: some GPU kernels are not deterministic."""
+    def run(metrics, resume=False, stop_at=None):
+        gpt, ds, config = tiny_setup(device=device, precision='fp32', resume=resume, metrics_path=str(metrics),
+                                     resume_path=str(tmp_path / 'state.resume'), log_every=1)
+        t = trainer.Trainer(gpt, ds, None, config)
+        real, steps = gpt.packed_loss, {'n': 0}
+
+        def loss(*args):
+            steps['n'] += 1
+            if steps['n'] == stop_at:
+                t.stop_signal = 2  # as Ctrl-C does: stop after this step
+            return real(*args)
+
+        gpt.packed_loss = loss
+        t.train()
+
+    random.seed(0)
+    run(tmp_path / 'straight.csv')
+    random.seed(0)
+    with pytest.raises(trainer.TrainingInterrupted):
+        run(tmp_path / 'resumed.csv', stop_at=7)
+    random.seed(1)
+    torch.manual_seed(1)
+    run(tmp_path / 'resumed.csv', resume=True)
+    losses = [[float(row.split(',')[2]) for row in (tmp_path / name).read_text().splitlines()[1:]]
+              for name in ('straight.csv', 'resumed.csv')]
+    assert len(losses[0]) == len(losses[1]) == 15
+    torch.testing.assert_close(torch.tensor(losses[1]), torch.tensor(losses[0]), rtol=1e-4, atol=1e-6)

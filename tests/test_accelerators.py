@@ -10,6 +10,7 @@ import torch
 
 import trainer
 import utils
+from test_distributed import csv_losses
 from test_model import SMALL, VARIANTS, make_gpt, ragged_batch
 from test_trainer import tiny_setup
 
@@ -108,7 +109,6 @@ def test_interrupted_run_resumes_to_the_same_losses(tmp_path, device):
     random.seed(1)
     torch.manual_seed(1)
     run(tmp_path / 'resumed.csv', resume=True)
-    losses = [[float(row.split(',')[2]) for row in (tmp_path / name).read_text().splitlines()[1:]]
-              for name in ('straight.csv', 'resumed.csv')]
+    losses = [csv_losses(tmp_path / name) for name in ('straight.csv', 'resumed.csv')]
     assert len(losses[0]) == len(losses[1]) == 15
     torch.testing.assert_close(torch.tensor(losses[1]), torch.tensor(losses[0]), rtol=1e-4, atol=1e-6)

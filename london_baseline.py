@@ -5,6 +5,7 @@
 Prints the accuracy line and, as the 2024/25 editions ask, writes the accuracy (0-100)
 to london_baseline_accuracy.txt in the current folder.
 """
+
 import sys
 from pathlib import Path
 
@@ -16,7 +17,9 @@ ACCURACY_FILE = 'london_baseline_accuracy.txt'
 
 def london_baseline(eval_corpus_path='birth_dev.tsv'):
     """(total, correct) when every prediction is "London"."""
-    return utils.evaluate_places(eval_corpus_path, ['London'] * len(utils.read_lines(eval_corpus_path)))
+    return utils.evaluate_places(
+        eval_corpus_path, ['London'] * len(utils.read_lines(eval_corpus_path))
+    )
 
 
 def write_accuracy(total, correct, path=ACCURACY_FILE):

@@ -15,6 +15,7 @@ Both take, besides x, two optional helpers for speed that never change the resul
            greedy decoding feeds only the newest position (see utils.greedy_complete).
 Their parameter names match the original starter code, so .params files load both ways.
 """
+
 import math
 
 import torch
@@ -52,19 +53,25 @@ class Packing:
             slots.append(start + kept)
             self.shapes.append((len(rows), width))
             start += len(rows) * width
-        self.index = to_device(torch.cat(index), device)  # (N,) where each packed position sits in the (B, T) batch
-        self.slots = to_device(torch.cat(slots), device)  # (N,) where it sits in the groups, laid end to end
+        self.index = to_device(
+            torch.cat(index), device
+        )  # (N,) where each packed position sits in the (B, T) batch
+        self.slots = to_device(
+            torch.cat(slots), device
+        )  # (N,) where it sits in the groups, laid end to end
 
     def select(self, x):
         """(B, T, ...) batch tensor -> (N, ...) kept positions."""
-        return x[:, :self.T].flatten(0, 1).index_select(0, self.index)
+        return x[:, : self.T].flatten(0, 1).index_select(0, self.index)
 
     def unpack(self, x):
         """(N, C) -> one zero-padded (b, width, C) tensor per group. One scatter for all
         groups: slicing x group by group would cost a full-size zero gradient per slice."""
         sizes = [b * width for b, width in self.shapes]
         padded = x.new_zeros(sum(sizes), x.size(-1)).index_copy(0, self.slots, x)
-        return [part.view(b, width, -1) for part, (b, width) in zip(padded.split(sizes), self.shapes)]
+        return [
+            part.view(b, width, -1) for part, (b, width) in zip(padded.split(sizes), self.shapes)
+        ]
 
     def repack(self, padded):
         """The inverse of unpack."""
@@ -104,7 +111,9 @@ def precompute_rotary_emb(dim, max_positions):
     (cos(t theta_i), sin(t theta_i)) for position t and pair i, theta_i = 10000^(-2(i-1)/d)
     for i = 1..d/2 (the 2024 handout's formula; the starter's docstring has the sign wrong)."""
     theta = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,)
-    angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * theta[None, :]  # (T, dim/2)
+    angles = (
+        torch.arange(max_positions, dtype=torch.float64)[:, None] * theta[None, :]
+    )  # (T, dim/2)
     return torch.stack((angles.cos(), angles.sin()), dim=-1).float()  # (T, dim/2, 2)
 
 
@@ -118,7 +127,9 @@ def apply_rotary_emb(x, rope_cache):
     cos, sin = rope_cache[:T, :, 0].to(dtype), rope_cache[:T, :, 1].to(dtype)  # (T, hs/2)
     pairs = x.to(dtype).unflatten(-1, (-1, 2))  # (B, nh, T, hs/2, 2)
     real, imag = pairs[..., 0], pairs[..., 1]  # (B, nh, T, hs/2)
-    rotated = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1)  # (B, nh, T, hs/2, 2)
+    rotated = torch.stack(
+        (real * cos - imag * sin, real * sin + imag * cos), dim=-1
+    )  # (B, nh, T, hs/2, 2)
     return rotated.flatten(-2).type_as(x)  # (B, nh, T, hs)
 
 
@@ -135,14 +146,20 @@ class CausalSelfAttention(nn.Module):
         self.resid_drop = Dropout(config.resid_pdrop)
         self.proj = nn.Linear(config.n_embd, config.n_embd)
         # causal mask, 1 where attention is allowed; kept in the state_dict as the original does
-        self.register_buffer("mask", torch.tril(torch.ones(config.block_size, config.block_size))
-                             .view(1, 1, config.block_size, config.block_size))
+        self.register_buffer(
+            "mask",
+            torch.tril(torch.ones(config.block_size, config.block_size)).view(
+                1, 1, config.block_size, config.block_size
+            ),
+        )
         self.n_head = config.n_head
         self.rope = getattr(config, 'rope', False)
         if self.rope:
             # kept in the state_dict under the 2024 starter's name, as the mask is
-            self.register_buffer("rope_cache", precompute_rotary_emb(config.n_embd // config.n_head,
-                                                                     config.block_size))
+            self.register_buffer(
+                "rope_cache",
+                precompute_rotary_emb(config.n_embd // config.n_head, config.block_size),
+            )
 
     def forward(self, x, packing=None, cache=None):
         q, k, v = self.query(x), self.key(x), self.value(x)  # (B, T, C), or packed (N, C)
@@ -172,12 +189,12 @@ class CausalSelfAttention(nn.Module):
             # dropout, and this measures faster than its fallback; scaled and masked in
             # place, as the scores are the biggest tensor of the step
             att = (q @ k.transpose(-2, -1)).mul_(1.0 / math.sqrt(k.size(-1)))  # (B, nh, Tq, Tk)
-            att.masked_fill_(self.mask[:, :, past:past + Tq, :Tk] == 0, float('-inf'))
+            att.masked_fill_(self.mask[:, :, past : past + Tq, :Tk] == 0, float('-inf'))
             return self.attn_drop(F.softmax(att, dim=-1)) @ v  # (B, nh, Tq, hs)
         dropout = self.attn_drop.p if self.training else 0.0
         if past == 0 and Tq == Tk:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-        allowed = self.mask[:, :, past:past + Tq, :Tk].bool()  # (1, 1, Tq, Tk)
+        allowed = self.mask[:, :, past : past + Tq, :Tk].bool()  # (1, 1, Tq, Tk)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)
 
 
@@ -196,8 +213,12 @@ class SynthesizerAttention(nn.Module):
         self.proj = nn.Linear(config.n_embd, config.n_embd)
         self.attn_drop = Dropout(config.attn_pdrop)
         self.resid_drop = Dropout(config.resid_pdrop)
-        self.register_buffer("mask", torch.tril(torch.ones(config.block_size, config.block_size))
-                             .view(1, 1, config.block_size, config.block_size))
+        self.register_buffer(
+            "mask",
+            torch.tril(torch.ones(config.block_size, config.block_size)).view(
+                1, 1, config.block_size, config.block_size
+            ),
+        )
         self.n_head = config.n_head
         self.block_size = config.block_size
         nn.init.uniform_(self.w2, -0.001, 0.001)
@@ -214,8 +235,8 @@ class SynthesizerAttention(nn.Module):
         T, past = a.size(2), v.size(2) - a.size(2)
         assert past + T <= self.block_size - 1, 'the synthesizer has block_size-1 positions'
         # each row's scores over positions 0..past+T-1 come from that row alone
-        scores = a @ self.w2[:, :past + T] + self.b2[:past + T]  # (B, nh, T, past+T)
-        scores.masked_fill_(self.mask[:, :, past:past + T, :past + T] == 0, float('-inf'))
+        scores = a @ self.w2[:, : past + T] + self.b2[: past + T]  # (B, nh, T, past+T)
+        scores.masked_fill_(self.mask[:, :, past : past + T, : past + T] == 0, float('-inf'))
         att = self.attn_drop(F.softmax(scores, dim=-1))  # (B, nh, T, past+T)
         return _merge_heads(att @ v)  # (B, T, C)
 
@@ -230,4 +251,6 @@ class CausalCrossAttention(CausalSelfAttention):
         q = _split_heads(self.query(x_q), self.n_head)  # (B, nh, Tq, hs)
         k = _split_heads(self.key(x_kv), self.n_head)  # (B, nh, Tk, hs)
         v = _split_heads(self.value(x_kv), self.n_head)  # (B, nh, Tk, hs)
-        return self.resid_drop(self.proj(_merge_heads(self.causal_attention(q, k, v))))  # (B, Tq, C)
+        return self.resid_drop(
+            self.proj(_merge_heads(self.causal_attention(q, k, v)))
+        )  # (B, Tq, C)

@@ -18,7 +18,9 @@ Model FLOP/s counts only the work our step does, as a fraction of the measured m
 peak of this machine at the same precision (vanilla and rope; model_flops does not count
 the synthesizer's or the perceiver's layers).
 """
+
 import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
+
 import argparse
 import math
 import os
@@ -46,8 +48,12 @@ class PlainCausalSelfAttention(attention.CausalSelfAttention):
     def forward(self, x, packing=None, cache=None):
         B, T, C = x.size()
         k = self.key(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        q = self.query(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = self.value(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q = (
+            self.query(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        )  # (B, nh, T, hs)
+        v = (
+            self.value(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        )  # (B, nh, T, hs)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, T)
         att = att.masked_fill(self.mask[:, :, :T, :T] == 0, float('-inf'))
         att = self.attn_drop(F.softmax(att, dim=-1))
@@ -75,7 +81,9 @@ def make_model(vocab_size, plain, variant='vanilla', bottleneck_dim=32):
 def time_steps(steps, n, device):
     """Median seconds of each of the given functions, run in turn n times after a warm-up:
     interleaving them spreads a shared machine's slow spells over all of them."""
-    synchronize = {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(device, lambda: None)
+    synchronize = {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(
+        device, lambda: None
+    )
     for step in steps:
         step()
     times = [[] for _ in steps]
@@ -91,7 +99,9 @@ def time_steps(steps, n, device):
 def matmul_peak(dtype, device):
     a = torch.randn(4096, 1024, dtype=dtype, device=device)
     b = torch.randn(1024, 1024, dtype=dtype, device=device)
-    seconds = min(time_steps([lambda: a @ b], 1, device)[0] for _ in range(20))  # the peak: the best run
+    seconds = min(
+        time_steps([lambda: a @ b], 1, device)[0] for _ in range(20)
+    )  # the peak: the best run
     return 2 * 4096 * 1024 * 1024 / seconds
 
 
@@ -102,8 +112,12 @@ def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision
     steps = []
     for plain in (True, False):
         gpt = make_model(corpus.vocab_size, plain, variant, bottleneck_dim)
-        config = trainer.TrainerConfig(**run.PHASE_SETTINGS['pretrain'], learning_rate=6e-3, device=device,
-                                       precision='fp32' if plain else precision)
+        config = trainer.TrainerConfig(
+            **run.PHASE_SETTINGS['pretrain'],
+            learning_rate=6e-3,
+            device=device,
+            precision='fp32' if plain else precision,
+        )
         t = trainer.Trainer(gpt, corpus, None, config)
         optimizer = t.make_optimizer()
 
@@ -151,10 +165,17 @@ def bench_evaluate(corpus, params, n_plain, device, variant, bottleneck_dim):
 def main():
     argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     argp.add_argument('--steps', type=int, default=5, help="timed pretraining steps per path")
-    argp.add_argument('--questions', type=int, default=20, help="dev questions for the plain decoder")
-    argp.add_argument('--params', help="finetuned params to decode with (default: untrained, "
-                                       "which never stops early: the slowest case for ours)")
-    argp.add_argument('--variant', choices=['vanilla', 'synthesizer', 'perceiver', 'rope'], default='vanilla')
+    argp.add_argument(
+        '--questions', type=int, default=20, help="dev questions for the plain decoder"
+    )
+    argp.add_argument(
+        '--params',
+        help="finetuned params to decode with (default: untrained, "
+        "which never stops early: the slowest case for ours)",
+    )
+    argp.add_argument(
+        '--variant', choices=['vanilla', 'synthesizer', 'perceiver', 'rope'], default='vanilla'
+    )
     argp.add_argument('--bottleneck_dim', type=int, default=32, help="the perceiver's (default 32)")
     argp.add_argument('--precision', choices=['auto', 'fp32', 'bf16', 'fp16'], default='auto')
     argp.add_argument('--device', choices=['auto', 'cuda', 'mps', 'cpu'], default='auto')
@@ -164,33 +185,58 @@ def main():
         device = utils.pick_device(args.device)
         precision = run.training_precision(args.precision, device)
         corpus = dataset.CharCorruptionDataset(utils.read_text('wiki.txt'), run.BLOCK_SIZE)
-        params = (run.load_params(args.params, args.variant, corpus.vocab_size, 'wiki.txt', args.bottleneck_dim)
-                  if args.params else None)
+        params = (
+            run.load_params(
+                args.params, args.variant, corpus.vocab_size, 'wiki.txt', args.bottleneck_dim
+            )
+            if args.params
+            else None
+        )
     except utils.UserError as e:
         sys.exit(f"error: {e}")
-    name = torch.cuda.get_device_name() if device == 'cuda' else platform.processor() or platform.machine()
-    print(f"machine: {name}, {os.cpu_count()} CPUs, torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads); variant {args.variant}; our precision {precision}")
+    name = (
+        torch.cuda.get_device_name()
+        if device == 'cuda'
+        else platform.processor() or platform.machine()
+    )
+    print(
+        f"machine: {name}, {os.cpu_count()} CPUs, torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads); variant {args.variant}; our precision {precision}"
+    )
 
-    times, rows = bench_pretraining(corpus, args.steps, args.variant, args.bottleneck_dim, precision, device)
+    times, rows = bench_pretraining(
+        corpus, args.steps, args.variant, args.bottleneck_dim, precision, device
+    )
     plain, ours = times['plain'], times['ours']
     positions = 128 * (run.BLOCK_SIZE - 1)
-    print(f"pretraining step (batch 128 x 127 positions; ours computes {sum(rows)} of {positions}):")
+    print(
+        f"pretraining step (batch 128 x 127 positions; ours computes {sum(rows)} of {positions}):"
+    )
     print(f"  plain: {plain * 1000:8.1f} ms/step  {positions / plain:9,.0f} tokens/s")
-    print(f"  ours:  {ours * 1000:8.1f} ms/step  {positions / ours:9,.0f} tokens/s   {plain / ours:.1f}x faster")
+    print(
+        f"  ours:  {ours * 1000:8.1f} ms/step  {positions / ours:9,.0f} tokens/s   "
+        f"{plain / ours:.1f}x faster"
+    )
     steps_650 = 650 * math.ceil(len(corpus) / 128)
-    print(f"  650-epoch pretraining ({steps_650} steps): plain {steps_650 * plain / 3600:.1f} h, "
-          f"ours {steps_650 * ours / 3600:.1f} h")
+    print(
+        f"  650-epoch pretraining ({steps_650} steps): plain {steps_650 * plain / 3600:.1f} h, "
+        f"ours {steps_650 * ours / 3600:.1f} h"
+    )
 
     if args.variant in ('vanilla', 'rope'):
         flops = model_flops(sum(rows), rows)
         dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(precision, torch.float32)
         peak = matmul_peak(dtype, device)
-        print(f"  model FLOP/s (ours): {flops / ours / 1e9:.0f} GFLOP/s = {flops / ours / peak:.0%} of this "
-              f"machine's {precision} matmul peak ({peak / 1e9:.0f} GFLOP/s)")
+        print(
+            f"  model FLOP/s (ours): {flops / ours / 1e9:.0f} GFLOP/s = "
+            f"{flops / ours / peak:.0%} of this machine's {precision} matmul peak ({peak / 1e9:.0f} GFLOP/s)"
+        )
 
-    plain, ours, n = bench_evaluate(corpus, params, args.questions, device, args.variant, args.bottleneck_dim)
-    print(f"evaluate (birth_dev.tsv, 32 characters per question{'' if args.params else ', untrained model'}):")
+    plain, ours, n = bench_evaluate(
+        corpus, params, args.questions, device, args.variant, args.bottleneck_dim
+    )
+    untrained = '' if args.params else ', untrained model'
+    print(f"evaluate (birth_dev.tsv, 32 characters per question{untrained}):")
     print(f"  plain: {plain * 1000:8.1f} ms/question (first {args.questions})")
     print(f"  ours:  {ours * 1000:8.1f} ms/question (all {n})   {plain / ours:.1f}x faster")
 

@@ -15,6 +15,7 @@ first. Each is an environment variable, so a value the user sets wins.
       step, and kernels kept among the freed activations fragment the heap, so memory
       grows for hours; 128 holds a step's shapes (the perceiver's nearly all).
 """
+
 import os
 
 SETTINGS = {

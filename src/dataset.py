@@ -7,6 +7,7 @@ finetuning example whose loss covers only the answer. Run as a script to see exa
     python src/dataset.py namedata
     python src/dataset.py charcorruption
 """
+
 import argparse
 import random
 import signal
@@ -17,7 +18,7 @@ from torch.utils.data import Dataset
 
 import utils
 
-PAD_CHAR = "\u25A1"   # id 0: never a target (the loss ignores id 0)
+PAD_CHAR = "\u25a1"  # id 0: never a target (the loss ignores id 0)
 MASK_CHAR = "\u2047"  # id 1: marks where the masked span was, and where an answer starts and ends
 
 
@@ -54,7 +55,7 @@ class CharCorruptionDataset(Dataset):
         document = self.data[idx]
         # 1. Truncate to a length drawn uniformly from 4..block_size*7/8, so that every
         #    length can occur and the rearranged string (2 MASKs longer) always fits.
-        truncated = document[:random.randint(4, int(self.block_size * 7 / 8))]
+        truncated = document[: random.randint(4, int(self.block_size * 7 / 8))]
         # 2. Mask a span whose length has mean exactly len/4: draw a real length uniformly
         #    from [1, len/2 - 1] and round it up or down at random in proportion.
         #    Short documents (under 4 characters) get a single masked character.
@@ -63,8 +64,8 @@ class CharCorruptionDataset(Dataset):
         masked_len = min(n, int(span + random.random()))
         start = random.randint(0, n - masked_len)
         prefix = truncated[:start]
-        masked = truncated[start:start + masked_len]
-        suffix = truncated[start + masked_len:]
+        masked = truncated[start : start + masked_len]
+        suffix = truncated[start + masked_len :]
         # 3. Rearrange, then pad.
         masked_string = prefix + self.MASK_CHAR + suffix + self.MASK_CHAR + masked
         masked_string += self.PAD_CHAR * (self.padded_length - len(masked_string))
@@ -96,7 +97,7 @@ class NameDataset(Dataset):
         question, place = self.data[idx].split('\t')
         x = question + self.MASK_CHAR + place + self.MASK_CHAR
         x = x + self.PAD_CHAR * (self.block_size - len(x))
-        y = self.PAD_CHAR * (len(question) - 1) + x[len(question):]
+        y = self.PAD_CHAR * (len(question) - 1) + x[len(question) :]
         return encode(x[:-1], self.stoi), encode(y, self.stoi)
 
 
@@ -110,13 +111,18 @@ def decode(ids, itos):
 
 if __name__ == '__main__':
     if hasattr(signal, 'SIGPIPE'):  # not on Windows
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `... | head` ends quietly, as shell tools do
+        signal.signal(
+            signal.SIGPIPE, signal.SIG_DFL
+        )  # `... | head` ends quietly, as shell tools do
     # PAD and MASK print as themselves, or as '?' where the output's encoding lacks them
     # (a Windows pipe or file), rather than stopping with UnicodeEncodeError
     sys.stdout.reconfigure(errors='replace')
     argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    argp.add_argument('dataset_type', choices=['namedata', 'charcorruption'],
-                      help="Type of dataset to sample from.")
+    argp.add_argument(
+        'dataset_type',
+        choices=['namedata', 'charcorruption'],
+        help="Type of dataset to sample from.",
+    )
     args = argp.parse_args()
 
     corruption_dataset = CharCorruptionDataset(utils.read_text('wiki.txt'), 128)

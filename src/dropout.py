@@ -9,13 +9,13 @@ by a draw from torch's generator, so torch.manual_seed still fixes every mask an
 resumed runs stay exact. The backward pass reuses the mask, kept as one byte per
 element. On a GPU, torch's fused dropout is used as it is.
 """
+
 import numpy as np
 import torch
 import torch.nn as nn
 
 
 class Dropout(nn.Dropout):
-
     def forward(self, x):
         if not self.training or not 0 < self.p < 1 or x.device.type != "cpu":
             return super().forward(x)
@@ -32,7 +32,6 @@ def keep_mask(shape, p):
 
 
 class _CpuDropout(torch.autograd.Function):
-
     @staticmethod
     def forward(ctx, x, p):
         keep = keep_mask(x.shape, p)
@@ -42,5 +41,5 @@ class _CpuDropout(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        keep, = ctx.saved_tensors
+        (keep,) = ctx.saved_tensors
         return torch.where(keep, grad, 0).mul_(ctx.scale), None

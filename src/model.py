@@ -10,6 +10,7 @@ forward() is the plain model: logits for every position, and the loss if targets
 given. packed_loss() is the same loss computed on only the positions that can affect it;
 the trainer uses it.
 """
+
 import copy
 
 import torch
@@ -24,6 +25,7 @@ class GPTConfig:
     """Base GPT config, params common to all GPT versions. Keyword arguments set any other
     attribute: n_layer, n_head, n_embd, and synthesizer=True for SynthesizerAttention,
     rope=True for rotary position embeddings, perceiver=True with bottleneck_dim."""
+
     embd_pdrop = 0.1
     resid_pdrop = 0.1
     attn_pdrop = 0.1
@@ -155,7 +157,7 @@ class GPT(nn.Module):
         """(B, T) ids at positions past.. -> (B, T, C) token + position embeddings."""
         x = self.tok_emb(idx)  # (B, T, C)
         if hasattr(self, 'pos_emb'):  # rope has none: attention rotates q and k instead
-            x = x + self.pos_emb[:, past:past + idx.size(1), :]
+            x = x + self.pos_emb[:, past : past + idx.size(1), :]
         return x
 
     def perceive(self, x_input):
@@ -170,7 +172,7 @@ class GPT(nn.Module):
         With cache (from new_cache()), idx continues the sequence cached so far."""
         if cache is not None and self.perceiver:
             full = _extend_ids(cache[0], idx)  # (B, past+T)
-            return self(full, None)[0][:, -idx.size(1):], None
+            return self(full, None)[0][:, -idx.size(1) :], None
         b, t = idx.size()
         past = cache[0]['v'].size(2) if cache and 'v' in cache[0] else 0
         assert past + t <= self.block_size, "Cannot forward, model block size is exhausted."
@@ -183,7 +185,9 @@ class GPT(nn.Module):
         logits = self.head(self.ln_f(x))  # (B, T, vocab)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=0)
+            loss = F.cross_entropy(
+                logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=0
+            )
         return logits, loss
 
     def packed_loss(self, idx, targets, packing=None, n_targets=None):
@@ -209,7 +213,10 @@ class GPT(nn.Module):
         logits = self.head(self.ln_f(x))  # (N, vocab)
         if n_targets is None:
             return F.cross_entropy(logits, packing.select(targets), ignore_index=0)
-        return F.cross_entropy(logits, packing.select(targets), ignore_index=0, reduction='sum') / n_targets
+        return (
+            F.cross_entropy(logits, packing.select(targets), ignore_index=0, reduction='sum')
+            / n_targets
+        )
 
 
 def target_lengths(targets):

@@ -1,7 +1,8 @@
 """Loss curves from training metrics, to hold a run of your own against the reference run.
 
     python src/plot.py results/*.metrics.csv --out my_curves.png
-    python src/plot.py vanilla.pretrain.params.metrics.csv results/vanilla.pretrain.params.metrics.csv
+    python src/plot.py vanilla.pretrain.params.metrics.csv \
+        results/vanilla.pretrain.params.metrics.csv
 
 Each CSV is what run.py writes beside the params (PARAMS.metrics.csv: one row per step).
 Pretraining runs (a file name with "pretrain.params") share one panel and finetuning
@@ -10,6 +11,7 @@ the learning rate, dashed, on the right-hand axis (the 2021 schedule's cosine en
 epoch 200, then the rate climbs again: the loss curve shows it).
 Needs matplotlib (pip install matplotlib), which nothing else here uses.
 """
+
 import argparse
 import csv
 import os
@@ -26,7 +28,9 @@ def read_metrics(path):
     try:
         with open(path, newline='', encoding='utf-8') as f:
             rows = list(csv.DictReader(f))
-        by_step = {int(r['step']): (int(r['epoch']), float(r['loss']), float(r['lr'])) for r in rows}
+        by_step = {
+            int(r['step']): (int(r['epoch']), float(r['loss']), float(r['lr'])) for r in rows
+        }
     except OSError as e:
         raise utils.UserError(f"{path}: cannot read: {e.strerror}")
     except (KeyError, ValueError, TypeError):
@@ -37,8 +41,11 @@ def read_metrics(path):
     # step s of epoch e means (e-1)*S < s <= e*S for S steps per epoch; the last step of
     # any epoch (the final row, at least, of a finished run) gives S exactly
     steps_per_epoch = max(-(-s // by_step[s][0]) for s in steps)
-    return ([s / steps_per_epoch for s in steps], [by_step[s][1] for s in steps],
-            [by_step[s][2] for s in steps])
+    return (
+        [s / steps_per_epoch for s in steps],
+        [by_step[s][1] for s in steps],
+        [by_step[s][2] for s in steps],
+    )
 
 
 def running_mean(values, width):
@@ -53,16 +60,19 @@ def running_mean(values, width):
 
 def label(path):
     name = os.path.basename(path)
-    return name[:-len('.params.metrics.csv')] if name.endswith('.params.metrics.csv') else name
+    return name[: -len('.params.metrics.csv')] if name.endswith('.params.metrics.csv') else name
 
 
 def plot(paths, out):
     import matplotlib
+
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    panels = {'pretraining': [p for p in paths if 'pretrain.params' in os.path.basename(p)],
-              'finetuning': [p for p in paths if 'pretrain.params' not in os.path.basename(p)]}
+    panels = {
+        'pretraining': [p for p in paths if 'pretrain.params' in os.path.basename(p)],
+        'finetuning': [p for p in paths if 'pretrain.params' not in os.path.basename(p)],
+    }
     panels = {title: group for title, group in panels.items() if group}
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
     for ax, (title, group) in zip(axes[0], panels.items()):
@@ -70,9 +80,14 @@ def plot(paths, out):
         for path in group:
             epochs, losses, lrs = read_metrics(path)
             width = max(1, len(losses) // 200)
-            line, = ax.plot(epochs, losses, alpha=0.25, linewidth=0.6)
-            ax.plot(epochs, running_mean(losses, width), color=line.get_color(), linewidth=1.4,
-                    label=label(path))
+            (line,) = ax.plot(epochs, losses, alpha=0.25, linewidth=0.6)
+            ax.plot(
+                epochs,
+                running_mean(losses, width),
+                color=line.get_color(),
+                linewidth=1.4,
+                label=label(path),
+            )
             lr_axis.plot(epochs, lrs, color=line.get_color(), linestyle='--', linewidth=0.8)
         ax.set_title(title)
         ax.set_xlabel('epoch')
@@ -89,7 +104,9 @@ def plot(paths, out):
 def main(argv=None):
     argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     argp.add_argument('metrics', nargs='+', help="PARAMS.metrics.csv files written by run.py")
-    argp.add_argument('--out', default='loss_curves.png', help="picture to write (.png, .svg, .pdf)")
+    argp.add_argument(
+        '--out', default='loss_curves.png', help="picture to write (.png, .svg, .pdf)"
+    )
     args = argp.parse_args(argv)
     try:
         import matplotlib  # noqa: F401

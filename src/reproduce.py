@@ -16,7 +16,9 @@ was made with (edition, seed, --max_epochs, precision, corpus) and the params it
 from: an output made with other settings is refused, naming the file, before any work,
 and one whose params have changed since is made again. The table goes to results.md.
 """
+
 import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
+
 import argparse
 import hashlib
 import json
@@ -35,9 +37,12 @@ import utils
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from london_baseline import london_baseline, write_accuracy  # noqa: E402
 
-
-SECOND_VARIANT = {'2021': ('synthesizer', []), '2023': ('perceiver', ['--bottleneck_dim', '64']),
-                  '2024': ('rope', []), '2025': ('rope', [])}
+SECOND_VARIANT = {
+    '2021': ('synthesizer', []),
+    '2023': ('perceiver', ['--bottleneck_dim', '64']),
+    '2024': ('rope', []),
+    '2025': ('rope', []),
+}
 
 
 def phases(out, edition='2021'):
@@ -45,31 +50,73 @@ def phases(out, edition='2021'):
     outputs go to the folder `out`, inputs are found as run.py finds them."""
     variant, variant_flags = SECOND_VARIANT[edition]
     flags = lambda v: ['--edition', edition] + (variant_flags if v == variant else [])
-    data = {name: utils.find_data_file(name)
-            for name in ('birth_places_train.tsv', 'birth_dev.tsv', 'birth_test_inputs.tsv')}
+    data = {
+        name: utils.find_data_file(name)
+        for name in ('birth_places_train.tsv', 'birth_dev.tsv', 'birth_test_inputs.tsv')
+    }
     path = lambda name: os.path.join(out, name)
 
     def evaluations(variant, params, prefix):
-        return [(f'{prefix}: evaluate {split}',
-                 ['evaluate', variant, '--reading_params_path', path(params), '--eval_corpus_path',
-                  data[corpus], '--outputs_path', path(f'{prefix}.{split}.predictions')] + flags(variant),
-                 path(f'{prefix}.{split}.predictions'))
-                for split, corpus in (('dev', 'birth_dev.tsv'), ('test', 'birth_test_inputs.tsv'))]
+        return [
+            (
+                f'{prefix}: evaluate {split}',
+                [
+                    'evaluate',
+                    variant,
+                    '--reading_params_path',
+                    path(params),
+                    '--eval_corpus_path',
+                    data[corpus],
+                    '--outputs_path',
+                    path(f'{prefix}.{split}.predictions'),
+                ]
+                + flags(variant),
+                path(f'{prefix}.{split}.predictions'),
+            )
+            for split, corpus in (('dev', 'birth_dev.tsv'), ('test', 'birth_test_inputs.tsv'))
+        ]
 
-    steps = [('vanilla, no pretraining: finetune',
-              ['finetune', 'vanilla', '--writing_params_path', path('vanilla.model.params'),
-               '--finetune_corpus_path', data['birth_places_train.tsv']] + flags('vanilla'),
-              path('vanilla.model.params'))]
+    steps = [
+        (
+            'vanilla, no pretraining: finetune',
+            [
+                'finetune',
+                'vanilla',
+                '--writing_params_path',
+                path('vanilla.model.params'),
+                '--finetune_corpus_path',
+                data['birth_places_train.tsv'],
+            ]
+            + flags('vanilla'),
+            path('vanilla.model.params'),
+        )
+    ]
     steps += evaluations('vanilla', 'vanilla.model.params', 'vanilla.nopretrain')
     for v in ('vanilla', variant):
-        steps.append((f'{v}: pretrain',
-                      ['pretrain', v, '--writing_params_path', path(f'{v}.pretrain.params')] + flags(v),
-                      path(f'{v}.pretrain.params')))
-        steps.append((f'{v}: finetune',
-                      ['finetune', v, '--reading_params_path', path(f'{v}.pretrain.params'),
-                       '--writing_params_path', path(f'{v}.finetune.params'),
-                       '--finetune_corpus_path', data['birth_places_train.tsv']] + flags(v),
-                      path(f'{v}.finetune.params')))
+        steps.append(
+            (
+                f'{v}: pretrain',
+                ['pretrain', v, '--writing_params_path', path(f'{v}.pretrain.params')] + flags(v),
+                path(f'{v}.pretrain.params'),
+            )
+        )
+        steps.append(
+            (
+                f'{v}: finetune',
+                [
+                    'finetune',
+                    v,
+                    '--reading_params_path',
+                    path(f'{v}.pretrain.params'),
+                    '--writing_params_path',
+                    path(f'{v}.finetune.params'),
+                    '--finetune_corpus_path',
+                    data['birth_places_train.tsv'],
+                ]
+                + flags(v),
+                path(f'{v}.finetune.params'),
+            )
+        )
         steps += evaluations(v, f'{v}.finetune.params', f'{v}.pretrain')
     return steps
 
@@ -82,10 +129,15 @@ def check_made_with(steps, results, made_with):
         found = [path for path in (output, output + '.resume') if os.path.exists(path)]
         if found and recorded is not None and recorded != made_with:
             show = lambda value: "the handout's" if value is None else value
-            differ = ', '.join(f"{key} {show(recorded.get(key))} (this command: {show(value)})"
-                               for key, value in made_with.items() if recorded.get(key) != value)
-            raise utils.UserError(f"{found[0]} was made with other settings: {differ}. Use another "
-                                  f"--outdir, or delete it to make it again with these settings")
+            differ = ', '.join(
+                f"{key} {show(recorded.get(key))} (this command: {show(value)})"
+                for key, value in made_with.items()
+                if recorded.get(key) != value
+            )
+            raise utils.UserError(
+                f"{found[0]} was made with other settings: {differ}. Use another "
+                f"--outdir, or delete it to make it again with these settings"
+            )
 
 
 def input_digests(phase_argv):
@@ -106,7 +158,9 @@ def run_phase(argv, output, corpus, overrides, device):
         argv = argv + overrides + (['--resume'] if os.path.exists(output + '.resume') else [])
     args = run.parse_args([function, variant, corpus] + argv[2:])
     run.check_args(args)
-    return {'pretrain': run.pretrain, 'finetune': run.finetune, 'evaluate': run.evaluate}[function](args)
+    return {'pretrain': run.pretrain, 'finetune': run.finetune, 'evaluate': run.evaluate}[function](
+        args
+    )
 
 
 def machine(device):
@@ -115,7 +169,9 @@ def machine(device):
     name = platform.processor() or platform.machine()
     try:
         with open('/proc/cpuinfo', encoding='utf-8') as f:
-            name = next(line.split(':', 1)[1].strip() for line in f if line.startswith('model name'))
+            name = next(
+                line.split(':', 1)[1].strip() for line in f if line.startswith('model name')
+            )
     except (OSError, StopIteration):
         pass
     return f"{name}, {os.cpu_count()} CPUs{', MPS' if device == 'mps' else ''}, torch {torch.__version__}"
@@ -127,10 +183,21 @@ def accuracy(total_correct):
 
 
 def write_table(results, settings, path, device):
-    lines = ['# Results', '', f"Machine: {machine(device)}", f"Settings: {settings}", '',
-             '| phase | dev accuracy | time |', '|---|---|---|']
+    lines = [
+        '# Results',
+        '',
+        f"Machine: {machine(device)}",
+        f"Settings: {settings}",
+        '',
+        '| phase | dev accuracy | time |',
+        '|---|---|---|',
+    ]
     for name, entry in results.items():
-        time_taken = run.format_seconds(entry['seconds']) if entry.get('seconds') is not None else 'earlier run'
+        time_taken = (
+            run.format_seconds(entry['seconds'])
+            if entry.get('seconds') is not None
+            else 'earlier run'
+        )
         lines.append(f"| {name} | {entry.get('accuracy', '')} | {time_taken} |")
     utils.atomic_write(path, lambda f: f.write(('\n'.join(lines) + '\n').encode('utf-8')))
     return '\n'.join(lines)
@@ -140,23 +207,33 @@ def main(argv=None):
     argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
     argp.add_argument('--outdir', default='.', help="where the results go (default: here)")
-    argp.add_argument('--max_epochs', type=run.positive(int), help="cap every training phase at this")
+    argp.add_argument(
+        '--max_epochs', type=run.positive(int), help="cap every training phase at this"
+    )
     argp.add_argument('--seed', type=int, default=0)
     argp.add_argument('--precision', choices=['auto', 'fp32', 'bf16', 'fp16'], default='auto')
     argp.add_argument('--device', choices=['auto', 'cuda', 'mps', 'cpu'], default='auto')
-    argp.add_argument('--edition', choices=sorted(SECOND_VARIANT), default='2021',
-                      help="the handout edition to run (default 2021: vanilla and synthesizer)")
+    argp.add_argument(
+        '--edition',
+        choices=sorted(SECOND_VARIANT),
+        default='2021',
+        help="the handout edition to run (default 2021: vanilla and synthesizer)",
+    )
     args = argp.parse_args(argv)
     if run.PROCESSES > 1:
-        sys.exit("error: reproduce.py runs in one process; for several GPUs, run the handout's "
-                 "pretrain/finetune commands with torchrun (see README)")
+        sys.exit(
+            "error: reproduce.py runs in one process; for several GPUs, run the handout's "
+            "pretrain/finetune commands with torchrun (see README)"
+        )
     try:
         device = utils.pick_device(args.device)
     except utils.UserError as e:
         sys.exit(f"error: {e}")
     overrides = ['--seed', str(args.seed), '--precision', args.precision]
-    settings = (f"the {args.edition} handout's, training precision "
-                f"{run.training_precision(args.precision, device)}, seed {args.seed}")
+    settings = (
+        f"the {args.edition} handout's, training precision "
+        f"{run.training_precision(args.precision, device)}, seed {args.seed}"
+    )
     if args.max_epochs:
         overrides += ['--max_epochs', str(args.max_epochs)]
         settings += f", --max_epochs {args.max_epochs} for every training phase"
@@ -164,10 +241,16 @@ def main(argv=None):
     os.makedirs(args.outdir, exist_ok=True)
     record = os.path.join(args.outdir, 'results.json')
     results = json.loads(open(record, encoding='utf-8').read()) if os.path.exists(record) else {}
-    made_with = {'edition': args.edition, 'seed': args.seed, 'max_epochs': args.max_epochs,
-                 'precision': run.training_precision(args.precision, device),
-                 'pretrain_corpus': os.path.basename(args.pretrain_corpus_path)}
-    save_record = lambda: utils.atomic_write(record, lambda f: f.write(json.dumps(results, indent=1).encode('utf-8')))
+    made_with = {
+        'edition': args.edition,
+        'seed': args.seed,
+        'max_epochs': args.max_epochs,
+        'precision': run.training_precision(args.precision, device),
+        'pretrain_corpus': os.path.basename(args.pretrain_corpus_path),
+    }
+    save_record = lambda: utils.atomic_write(
+        record, lambda f: f.write(json.dumps(results, indent=1).encode('utf-8'))
+    )
     try:
         steps = phases(args.outdir, args.edition)
         check_made_with(steps, results, made_with)
@@ -198,7 +281,9 @@ def main(argv=None):
     except utils.UserError as e:
         sys.exit(f"error: {e}")
     except (trainer.TrainingInterrupted, KeyboardInterrupt) as e:
-        again = shlex.join(['python', 'src/reproduce.py'] + (sys.argv[1:] if argv is None else argv))
+        again = shlex.join(
+            ['python', 'src/reproduce.py'] + (sys.argv[1:] if argv is None else argv)
+        )
         print(f"\n{str(e) or 'interrupted'}. To continue: {again}", file=sys.stderr)
         sys.exit(130)
     except trainer.NonFiniteLoss as e:

@@ -13,7 +13,9 @@ also looked for in data/. EDITIONS below holds what differs between the editions
 of the parsed arguments, and everything that can be checked is checked before any
 training starts.
 """
+
 import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
+
 import argparse
 import functools
 import os
@@ -61,39 +63,86 @@ VARIANT_EDITION = {'vanilla': '2021', 'synthesizer': '2021', 'perceiver': '2023'
 
 def parse_args(argv=None):
     argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    argp.add_argument('function', choices=["pretrain", "finetune", "evaluate"],
-                      help="Whether to pretrain, finetune or evaluate a model")
-    argp.add_argument('variant', choices=["vanilla", "synthesizer", "perceiver", "rope"],
-                      help="Which variant of the model to run")
-    argp.add_argument('pretrain_corpus_path',
-                      help="Path of the corpus to pretrain on (its characters are the vocabulary)")
-    argp.add_argument('--reading_params_path', help="If specified, path of the model to load before finetuning/evaluation")
-    argp.add_argument('--writing_params_path', help="Path to save the model after pretraining/finetuning")
+    argp.add_argument(
+        'function',
+        choices=["pretrain", "finetune", "evaluate"],
+        help="Whether to pretrain, finetune or evaluate a model",
+    )
+    argp.add_argument(
+        'variant',
+        choices=["vanilla", "synthesizer", "perceiver", "rope"],
+        help="Which variant of the model to run",
+    )
+    argp.add_argument(
+        'pretrain_corpus_path',
+        help="Path of the corpus to pretrain on (its characters are the vocabulary)",
+    )
+    argp.add_argument(
+        '--reading_params_path',
+        help="If specified, path of the model to load before finetuning/evaluation",
+    )
+    argp.add_argument(
+        '--writing_params_path', help="Path to save the model after pretraining/finetuning"
+    )
     argp.add_argument('--finetune_corpus_path', help="Path of the corpus to finetune on")
     argp.add_argument('--eval_corpus_path', help="Path of the corpus to evaluate on")
     argp.add_argument('--outputs_path', help="Path to write one prediction per line to")
-    argp.add_argument('--bottleneck_dim', type=int, default=32,
-                      help="the perceiver's bottleneck positions (2023 edition; default 32)")
-    argp.add_argument('--pretrain_lr', type=positive(float), default=6e-3, help="pretraining learning rate (default 6e-3)")
-    argp.add_argument('--finetune_lr', type=positive(float), default=6e-4, help="finetuning learning rate (default 6e-4)")
-    argp.add_argument('--tb_expt_name', default='run',
-                      help="name of the TensorBoard run, logged in expt/ beside the written params")
-    argp.add_argument('--edition', choices=sorted(EDITIONS),
-                      help="the handout edition whose settings to use (default: the variant's: "
-                           + ", ".join(f"{v} {e}" for v, e in VARIANT_EDITION.items()) + ")")
+    argp.add_argument(
+        '--bottleneck_dim',
+        type=int,
+        default=32,
+        help="the perceiver's bottleneck positions (2023 edition; default 32)",
+    )
+    argp.add_argument(
+        '--pretrain_lr',
+        type=positive(float),
+        default=6e-3,
+        help="pretraining learning rate (default 6e-3)",
+    )
+    argp.add_argument(
+        '--finetune_lr',
+        type=positive(float),
+        default=6e-4,
+        help="finetuning learning rate (default 6e-4)",
+    )
+    argp.add_argument(
+        '--tb_expt_name',
+        default='run',
+        help="name of the TensorBoard run, logged in expt/ beside the written params",
+    )
+    argp.add_argument(
+        '--edition',
+        choices=sorted(EDITIONS),
+        help="the handout edition whose settings to use (default: the variant's: "
+        + ", ".join(f"{v} {e}" for v, e in VARIANT_EDITION.items())
+        + ")",
+    )
     quick = argp.add_argument_group('overrides (defaults: the handout\'s settings)')
     quick.add_argument('--max_epochs', type=positive(int), help="epochs to train")
     quick.add_argument('--batch_size', type=positive(int), help="examples per step")
-    quick.add_argument('--seed', type=int, default=0, help="seed of every random choice (default 0)")
-    quick.add_argument('--precision', choices=['auto', 'fp32', 'bf16', 'fp16'], default='auto',
-                       help="training arithmetic; auto: bf16 autocast where the hardware has native "
-                            "bf16 (NVIDIA GPUs from compute capability 8.0, CPUs with avx512_bf16/amx), "
-                            "else fp32. fp16: autocast with a gradient scaler, for older GPUs (T4, V100). "
-                            "Evaluation is always fp32.")
-    quick.add_argument('--device', choices=['auto', 'cuda', 'mps', 'cpu'], default='auto',
-                       help="where to run; auto: CUDA, else Apple's MPS, else the CPU")
-    quick.add_argument('--resume', action='store_true',
-                       help="continue an interrupted pretrain/finetune from its saved state")
+    quick.add_argument(
+        '--seed', type=int, default=0, help="seed of every random choice (default 0)"
+    )
+    quick.add_argument(
+        '--precision',
+        choices=['auto', 'fp32', 'bf16', 'fp16'],
+        default='auto',
+        help="training arithmetic; auto: bf16 autocast where the hardware has native "
+        "bf16 (NVIDIA GPUs from compute capability 8.0, CPUs with avx512_bf16/amx), "
+        "else fp32. fp16: autocast with a gradient scaler, for older GPUs (T4, V100). "
+        "Evaluation is always fp32.",
+    )
+    quick.add_argument(
+        '--device',
+        choices=['auto', 'cuda', 'mps', 'cpu'],
+        default='auto',
+        help="where to run; auto: CUDA, else Apple's MPS, else the CPU",
+    )
+    quick.add_argument(
+        '--resume',
+        action='store_true',
+        help="continue an interrupted pretrain/finetune from its saved state",
+    )
     args = argp.parse_args(argv)
     args.edition = args.edition or VARIANT_EDITION[args.variant]
     return args
@@ -105,11 +154,13 @@ def positive(kind):
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be positive, not {text}")
         return value
+
     parse.__name__ = kind.__name__
     return parse
 
 
 # --- The phases --------------------------------------------------------------------------
+
 
 def pretrain(args):
     """Span-corruption pretraining on the corpus; writes --writing_params_path."""
@@ -124,8 +175,15 @@ def finetune(args):
     gpt = build_model(args, pretrain_dataset)
     phase = 'finetune'
     if args.reading_params_path:
-        gpt.load_state_dict(load_params(args.reading_params_path, args.variant, pretrain_dataset.vocab_size,
-                                        args.pretrain_corpus_path, args.bottleneck_dim))
+        gpt.load_state_dict(
+            load_params(
+                args.reading_params_path,
+                args.variant,
+                pretrain_dataset.vocab_size,
+                args.pretrain_corpus_path,
+                args.bottleneck_dim,
+            )
+        )
         phase = 'finetune from pretrained'
     names = dataset.NameDataset(pretrain_dataset, utils.read_text(args.finetune_corpus_path))
     train(args, phase, gpt, names, pretrain_dataset)
@@ -136,8 +194,15 @@ def evaluate(args):
     prints the accuracy when the file has gold places. Returns (total, correct)."""
     pretrain_dataset = load_pretrain_dataset(args)
     gpt = build_model(args, pretrain_dataset)
-    gpt.load_state_dict(load_params(args.reading_params_path, args.variant, pretrain_dataset.vocab_size,
-                                    args.pretrain_corpus_path, args.bottleneck_dim))
+    gpt.load_state_dict(
+        load_params(
+            args.reading_params_path,
+            args.variant,
+            pretrain_dataset.vocab_size,
+            args.pretrain_corpus_path,
+            args.bottleneck_dim,
+        )
+    )
     gpt.to(utils.pick_device(args.device))
 
     lines = utils.read_lines(args.eval_corpus_path)
@@ -146,10 +211,13 @@ def evaluate(args):
     mask_id = pretrain_dataset.stoi[pretrain_dataset.MASK_CHAR]
     completions = utils.greedy_complete(gpt, [p.ids for p in prompts], ANSWER_LENGTH, mask_id)
     # the prediction is what comes between the question's MASK and the next one
-    predictions = [dataset.decode(ids, pretrain_dataset.itos).split(pretrain_dataset.MASK_CHAR)[0]
-                   for ids in completions]
-    utils.atomic_write(args.outputs_path,
-                       lambda f: f.write(''.join(p + '\n' for p in predictions).encode('utf-8')))
+    predictions = [
+        dataset.decode(ids, pretrain_dataset.itos).split(pretrain_dataset.MASK_CHAR)[0]
+        for ids in completions
+    ]
+    utils.atomic_write(
+        args.outputs_path, lambda f: f.write(''.join(p + '\n' for p in predictions).encode('utf-8'))
+    )
 
     total, correct = utils.evaluate_places(args.eval_corpus_path, predictions)
     if total > 0:
@@ -161,9 +229,13 @@ def evaluate(args):
 
 # --- Shared pieces -----------------------------------------------------------------------
 
+
 def load_pretrain_dataset(args):
-    return dataset.CharCorruptionDataset(utils.read_text(args.pretrain_corpus_path), BLOCK_SIZE,
-                                         EDITIONS[args.edition]['pretrain_padded_length'])
+    return dataset.CharCorruptionDataset(
+        utils.read_text(args.pretrain_corpus_path),
+        BLOCK_SIZE,
+        EDITIONS[args.edition]['pretrain_padded_length'],
+    )
 
 
 def build_model(args, pretrain_dataset):
@@ -172,9 +244,15 @@ def build_model(args, pretrain_dataset):
 
 
 def model_config(variant, vocab_size, bottleneck_dim):
-    return model.GPTConfig(vocab_size, BLOCK_SIZE, synthesizer=variant == 'synthesizer', rope=variant == 'rope',
-                           perceiver=variant == 'perceiver',
-                           bottleneck_dim=bottleneck_dim if variant == 'perceiver' else None, **MODEL_SIZE)
+    return model.GPTConfig(
+        vocab_size,
+        BLOCK_SIZE,
+        synthesizer=variant == 'synthesizer',
+        rope=variant == 'rope',
+        perceiver=variant == 'perceiver',
+        bottleneck_dim=bottleneck_dim if variant == 'perceiver' else None,
+        **MODEL_SIZE,
+    )
 
 
 def train(args, phase, gpt, train_dataset, pretrain_dataset):
@@ -183,24 +261,37 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
     settings['learning_rate'] = args.pretrain_lr if phase == 'pretrain' else args.finetune_lr
-    schedule_epochs = EDITIONS[args.edition]['pretrain_schedule_epochs'] if phase == 'pretrain' else 200
+    schedule_epochs = (
+        EDITIONS[args.edition]['pretrain_schedule_epochs'] if phase == 'pretrain' else 200
+    )
     path = args.writing_params_path
     device = utils.pick_device(args.device)
     if PROCESSES > 1 and not torch.distributed.is_initialized():
         trainer.init_distributed(device)  # first: it picks this process's GPU
     config = trainer.TrainerConfig(
-        **settings, lr_decay=True, warmup_tokens=512 * 20,
+        **settings,
+        lr_decay=True,
+        warmup_tokens=512 * 20,
         final_tokens=schedule_epochs * len(pretrain_dataset) * BLOCK_SIZE,
-        precision=training_precision(args.precision, device), device=device,
-        resume_path=path + '.resume', resume=args.resume, metrics_path=path + '.metrics.csv',
-        tensorboard_dir=tensorboard_dir(args))
+        precision=training_precision(args.precision, device),
+        device=device,
+        resume_path=path + '.resume',
+        resume=args.resume,
+        metrics_path=path + '.metrics.csv',
+        tensorboard_dir=tensorboard_dir(args),
+    )
     if not args.resume and os.path.exists(config.resume_path):
-        print(f"note: starting afresh; {config.resume_path} (an interrupted run's state) will be "
-              f"replaced. Add --resume to continue that run instead.")
-    print(f"{phase}: {settings['max_epochs']} epochs, batch {settings['batch_size']}, "
-          f"lr {settings['learning_rate']:g}, {args.edition} edition settings, "
-          f"{sum(p.numel() for p in gpt.parameters()):,} parameters, "
-          + f"on {device}, " + PRECISION_NAMES[config.precision])
+        print(
+            f"note: starting afresh; {config.resume_path} (an interrupted run's state) will be "
+            f"replaced. Add --resume to continue that run instead."
+        )
+    print(
+        f"{phase}: {settings['max_epochs']} epochs, batch {settings['batch_size']}, "
+        f"lr {settings['learning_rate']:g}, {args.edition} edition settings, "
+        f"{sum(p.numel() for p in gpt.parameters()):,} parameters, "
+        + f"on {device}, "
+        + PRECISION_NAMES[config.precision]
+    )
     run = trainer.Trainer(gpt, train_dataset, None, config)
     run.train()
     if run.rank == 0:
@@ -209,8 +300,10 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
         if os.path.exists(config.resume_path):
             os.remove(config.resume_path)
     seconds = run.elapsed - run.resumed_elapsed  # this process's share of a resumed run
-    print(f"{phase} done: {run.steps_run} steps in {format_seconds(seconds)} "
-          f"({run.tokens_per_s(run.steps_run, getattr(train_dataset, 'padded_length', BLOCK_SIZE) - 1):,.0f} tokens/s), final loss {run.final_loss:.4f}; params written to {path}")
+    print(
+        f"{phase} done: {run.steps_run} steps in {format_seconds(seconds)} "
+        f"({run.tokens_per_s(run.steps_run, getattr(train_dataset, 'padded_length', BLOCK_SIZE) - 1):,.0f} tokens/s), final loss {run.final_loss:.4f}; params written to {path}"
+    )
 
 
 def tensorboard_dir(args):
@@ -271,21 +364,30 @@ def encode_question(question, pretrain_dataset):
     stoi = pretrain_dataset.stoi
     known = [c for c in question if c in stoi]
     ids = [stoi[c] for c in known[-QUESTION_ROOM:]] + [stoi[pretrain_dataset.MASK_CHAR]]
-    return Question(torch.tensor(ids, dtype=torch.long), len(question) - len(known), len(known) > QUESTION_ROOM)
+    return Question(
+        torch.tensor(ids, dtype=torch.long), len(question) - len(known), len(known) > QUESTION_ROOM
+    )
 
 
 def warn_about_questions(prompts, path):
     unknown = sum(1 for p in prompts if p.unknown)
     if unknown:
-        print(f"warning: {path}: {unknown} question(s) contain characters outside the vocabulary; "
-              f"those characters were dropped", file=sys.stderr)
+        print(
+            f"warning: {path}: {unknown} question(s) contain characters outside the vocabulary; "
+            f"those characters were dropped",
+            file=sys.stderr,
+        )
     cut = sum(1 for p in prompts if p.cut)
     if cut:
-        print(f"warning: {path}: {cut} question(s) are too long for the context; only their "
-              f"last {QUESTION_ROOM} characters were used", file=sys.stderr)
+        print(
+            f"warning: {path}: {cut} question(s) are too long for the context; only their "
+            f"last {QUESTION_ROOM} characters were used",
+            file=sys.stderr,
+        )
 
 
 # --- Checks before any work --------------------------------------------------------------
+
 
 def check_args(args):
     """Everything that can be checked before training starts; raises UserError."""
@@ -300,40 +402,60 @@ def check_args(args):
     if args.resume and args.function == 'evaluate':
         raise utils.UserError("--resume applies to pretrain and finetune only")
     if not 0 < args.bottleneck_dim <= BLOCK_SIZE:
-        raise utils.UserError(f"--bottleneck_dim {args.bottleneck_dim}: must be between 1 and the "
-                              f"block size, {BLOCK_SIZE}")
-    if (args.function == 'pretrain' and args.variant == 'synthesizer'
-            and EDITIONS[args.edition]['pretrain_padded_length'] > BLOCK_SIZE):
-        raise utils.UserError(f"--edition {args.edition}: its {BLOCK_SIZE}-long pretraining examples do not "
-                              f"fit the synthesizer's {BLOCK_SIZE - 1} positions")
+        raise utils.UserError(
+            f"--bottleneck_dim {args.bottleneck_dim}: must be between 1 and the "
+            f"block size, {BLOCK_SIZE}"
+        )
+    if (
+        args.function == 'pretrain'
+        and args.variant == 'synthesizer'
+        and EDITIONS[args.edition]['pretrain_padded_length'] > BLOCK_SIZE
+    ):
+        raise utils.UserError(
+            f"--edition {args.edition}: its {BLOCK_SIZE}-long pretraining examples do not "
+            f"fit the synthesizer's {BLOCK_SIZE - 1} positions"
+        )
     device = utils.pick_device(args.device)
     if PROCESSES > 1:
         if args.function == 'evaluate':
             raise utils.UserError("evaluate runs in one process: use python, not torchrun")
         if device == 'mps':
-            raise utils.UserError("torchrun: several processes need CUDA GPUs or the CPU (--device cpu), not MPS")
+            raise utils.UserError(
+                "torchrun: several processes need CUDA GPUs or the CPU (--device cpu), not MPS"
+            )
         if device == 'cuda' and int(os.environ['LOCAL_RANK']) >= torch.cuda.device_count():
-            raise utils.UserError(f"torchrun started more processes per node than the "
-                                  f"{torch.cuda.device_count()} GPUs here (--nproc_per_node)")
+            raise utils.UserError(
+                f"torchrun started more processes per node than the "
+                f"{torch.cuda.device_count()} GPUs here (--nproc_per_node)"
+            )
     corpus = utils.read_text(args.pretrain_corpus_path)
     for reserved in (dataset.PAD_CHAR, dataset.MASK_CHAR):
         if reserved in corpus:
-            line = corpus[:corpus.index(reserved)].count('\n') + 1
-            raise utils.UserError(f"{args.pretrain_corpus_path}, line {line}: contains {reserved!r}, "
-                                  f"which the vocabulary reserves for PAD/MASK")
+            line = corpus[: corpus.index(reserved)].count('\n') + 1
+            raise utils.UserError(
+                f"{args.pretrain_corpus_path}, line {line}: contains {reserved!r}, "
+                f"which the vocabulary reserves for PAD/MASK"
+            )
     vocab = set(corpus)
     if args.function == 'finetune':
         check_tsv(args.finetune_corpus_path, vocab, training=True)
     if args.function == 'evaluate':
         check_tsv(args.eval_corpus_path, vocab, training=False)
     if args.reading_params_path:
-        load_params(args.reading_params_path, args.variant, len(vocab) + 2, args.pretrain_corpus_path,
-                    args.bottleneck_dim)
+        load_params(
+            args.reading_params_path,
+            args.variant,
+            len(vocab) + 2,
+            args.pretrain_corpus_path,
+            args.bottleneck_dim,
+        )
     output = 'outputs_path' if args.function == 'evaluate' else 'writing_params_path'
     check_writable(getattr(args, output), output)
     if args.resume and not os.path.exists(args.writing_params_path + '.resume'):
-        raise utils.UserError(f"--resume: no saved state at {args.writing_params_path}.resume "
-                              f"(it is written when a run is interrupted)")
+        raise utils.UserError(
+            f"--resume: no saved state at {args.writing_params_path}.resume "
+            f"(it is written when a run is interrupted)"
+        )
 
 
 def check_tsv(path, vocab, training):
@@ -346,24 +468,34 @@ def check_tsv(path, vocab, training):
         where = f"{found}, line {number}"
         tabs = line.count('\t')
         if training and tabs != 1:
-            raise utils.UserError(f"{where}: expected 'question<TAB>place' (exactly one tab), found {tabs} tabs")
+            raise utils.UserError(
+                f"{where}: expected 'question<TAB>place' (exactly one tab), found {tabs} tabs"
+            )
         if not training and (tabs > 1 or tabs != first_tabs):
             expected = 'question<TAB>place' if first_tabs else 'a question alone'
             raise utils.UserError(f"{where}: expected {expected} like line 1, found {tabs} tabs")
         if not line.split('\t')[0].strip():
             raise utils.UserError(f"{where}: empty question")
         if training:
-            ascii_line = line.encode('ascii', errors='ignore').decode('ascii')  # what NameDataset keeps
+            ascii_line = line.encode('ascii', errors='ignore').decode(
+                'ascii'
+            )  # what NameDataset keeps
             missing = sorted(set(ascii_line) - vocab - {'\t'})
             if missing:
-                raise utils.UserError(f"{where}: character {missing[0]!r} does not occur in the pretraining corpus")
+                raise utils.UserError(
+                    f"{where}: character {missing[0]!r} does not occur in the pretraining corpus"
+                )
             if len(ascii_line) - 1 + 2 > BLOCK_SIZE:
-                raise utils.UserError(f"{where}: question and place are {len(ascii_line) - 1} characters; "
-                                      f"at most {BLOCK_SIZE - 2} fit in the block")
+                raise utils.UserError(
+                    f"{where}: question and place are {len(ascii_line) - 1} characters; "
+                    f"at most {BLOCK_SIZE - 2} fit in the block"
+                )
 
 
 # For a params file refused for holding objects: keep its tensors only (of a pickled model, its state_dict's)
-KEEP_TENSORS = '{k: v for k, v in getattr(s, "state_dict", lambda: s)().items() if torch.is_tensor(v)}'
+KEEP_TENSORS = (
+    '{k: v for k, v in getattr(s, "state_dict", lambda: s)().items() if torch.is_tensor(v)}'
+)
 
 
 def load_params(path, variant, vocab_size, corpus_path, bottleneck_dim=32):
@@ -371,29 +503,46 @@ def load_params(path, variant, vocab_size, corpus_path, bottleneck_dim=32):
     plain values only) and checked to be a `variant` model of MODEL_SIZE for the vocabulary
     of corpus_path (vocab_size symbols) and, for the perceiver, this bottleneck_dim. Any problem is one UserError line."""
     where = f"--reading_params_path {path}"
-    if_trusted = (f"If you trust the file, keep only its tensors, in {path}.tensors, with: "
-                  + utils.convert_command(KEEP_TENSORS, path, path + '.tensors'))
+    if_trusted = (
+        f"If you trust the file, keep only its tensors, in {path}.tensors, with: "
+        + utils.convert_command(KEEP_TENSORS, path, path + '.tensors')
+    )
     state = utils.load_weights_only(path, where, '.params file', if_trusted)
     if isinstance(state, dict) and 'optimizer' in state and 'model' in state:
-        raise utils.UserError(f"--reading_params_path {path}: this is an interrupted run's resumable "
-                              f"state; continue that run with --resume")
+        raise utils.UserError(
+            f"--reading_params_path {path}: this is an interrupted run's resumable "
+            f"state; continue that run with --resume"
+        )
     utils.check_tensor_dict(state, where)
     state = plain_param_names(state)
     if 'tok_emb.weight' not in state:
         raise utils.UserError(f"--reading_params_path {path}: not a GPT state_dict")
     found = params_variant(state)
     if found != variant:
-        raise utils.UserError(f"--reading_params_path {path}: holds a {found} model, but the variant "
-                              f"is {variant}")
+        raise utils.UserError(
+            f"--reading_params_path {path}: holds a {found} model, but the variant is {variant}"
+        )
     embedding = state['tok_emb.weight']  # (vocab_size, n_embd) when it has the right shape
     if embedding.dim() == 2 and embedding.size(0) != vocab_size:
-        raise utils.UserError(f"--reading_params_path {path}: made for a vocabulary of {embedding.size(0)} "
-                              f"symbols, but {corpus_path} gives {vocab_size}")
-    if variant == 'perceiver' and state['down_block.C'].dim() == 3 and state['down_block.C'].size(1) != bottleneck_dim:
-        raise utils.UserError(f"--reading_params_path {path}: made with --bottleneck_dim "
-                              f"{state['down_block.C'].size(1)}, but the flag is {bottleneck_dim}")
-    utils.check_state_dict(state, state_shapes(variant, vocab_size, bottleneck_dim), where,
-                           f"a {variant} model with {MODEL_SIZE} and block size {BLOCK_SIZE}")
+        raise utils.UserError(
+            f"--reading_params_path {path}: made for a vocabulary of {embedding.size(0)} "
+            f"symbols, but {corpus_path} gives {vocab_size}"
+        )
+    if (
+        variant == 'perceiver'
+        and state['down_block.C'].dim() == 3
+        and state['down_block.C'].size(1) != bottleneck_dim
+    ):
+        raise utils.UserError(
+            f"--reading_params_path {path}: made with --bottleneck_dim "
+            f"{state['down_block.C'].size(1)}, but the flag is {bottleneck_dim}"
+        )
+    utils.check_state_dict(
+        state,
+        state_shapes(variant, vocab_size, bottleneck_dim),
+        where,
+        f"a {variant} model with {MODEL_SIZE} and block size {BLOCK_SIZE}",
+    )
     return state
 
 
@@ -401,17 +550,21 @@ def plain_param_names(state):
     """A state_dict saved from a wrapped model under the plain model's names: DataParallel
     and DistributedDataParallel prefix every name with 'module.', torch.compile with
     '_orig_mod.' (also inside the name when a submodule was compiled)."""
+
     def plain(name):
         name = name.replace('_orig_mod.', '')
         while name.startswith('module.'):
-            name = name[len('module.'):]
+            name = name[len('module.') :]
         return name
+
     return {plain(name): value for name, value in state.items()}
 
 
 @functools.lru_cache  # check_args and the phase both load the params
 def state_shapes(variant, vocab_size, bottleneck_dim):
-    with torch.random.fork_rng(devices=[]):  # its initialization must not move the seeded random state
+    with torch.random.fork_rng(
+        devices=[]
+    ):  # its initialization must not move the seeded random state
         gpt = model.GPT(model_config(variant, vocab_size, bottleneck_dim))
     return {name: tensor.shape for name, tensor in gpt.state_dict().items()}
 
@@ -420,7 +573,9 @@ def params_variant(state):
     """Which variant a state_dict is, from the names only that variant has."""
     if 'down_block.C' in state:
         return 'perceiver'
-    if 'blocks.0.attn.rope_cache' in state or ('pos_emb' not in state and 'blocks.0.attn.key.weight' in state):
+    if 'blocks.0.attn.rope_cache' in state or (
+        'pos_emb' not in state and 'blocks.0.attn.key.weight' in state
+    ):
         return 'rope'
     return 'synthesizer' if 'blocks.0.attn.w1.weight' in state else 'vanilla'
 
@@ -459,8 +614,11 @@ def main(argv=None):
         state = f"{args.writing_params_path}.resume" if args.function != 'evaluate' else None
         if state and os.path.exists(state):
             saved = time.strftime('%H:%M:%S', time.localtime(os.path.getmtime(state)))
-            print(f"\ninterrupted; {state} keeps the state saved at {saved}. To continue from it: "
-                  f"{continue_command(args, argv)}", file=sys.stderr)
+            print(
+                f"\ninterrupted; {state} keeps the state saved at {saved}. To continue from it: "
+                f"{continue_command(args, argv)}",
+                file=sys.stderr,
+            )
         else:
             print("\ninterrupted; no resumable state was saved", file=sys.stderr)
         sys.exit(130)

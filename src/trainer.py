@@ -12,6 +12,7 @@ Under torchrun (init_distributed), each process computes the loss of its share o
 batch's rows and DistributedDataParallel averages the gradients: the steps are those of one
 process, and process 0 alone writes files.
 """
+
 import csv
 import math
 import os
@@ -52,7 +53,9 @@ class TrainerConfig:
     resume_path = None  # keep a resumable state here: on Ctrl-C/SIGTERM and every minute
     resume = False  # continue from the state in resume_path
     metrics_path = None  # a CSV row per step: epoch, step, loss, lr, tokens, seconds
-    tensorboard_dir = None  # train/loss and train/lr per step for TensorBoard, as the later editions log
+    tensorboard_dir = (
+        None  # train/loss and train/lr per step for TensorBoard, as the later editions log
+    )
     save_every_s = 60  # how often (at an epoch's end) the resumable state is refreshed
     log_every = 10  # steps between progress updates; each one waits for the device
 
@@ -70,7 +73,6 @@ class NonFiniteLoss(Exception):
 
 
 class Trainer:
-
     def __init__(self, model, train_dataset, test_dataset, config):
         self.model = model
         self.train_dataset = train_dataset
@@ -78,14 +80,18 @@ class Trainer:
         self.config = config
         self.device = utils.pick_device(config.device)
         self.model = self.model.to(self.device)
-        self.rank, self.world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        self.rank, self.world_size = (
+            (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        )
         self.ddp = None
         if self.world_size > 1:
             # DDP reduces gradients only for what runs through a module's forward; it also
             # copies process 0's parameters to every process here
             self.ddp = nn.parallel.DistributedDataParallel(
-                PackedLoss(self.model), broadcast_buffers=False,  # the buffers are constant masks
-                device_ids=[torch.cuda.current_device()] if self.device == 'cuda' else None)
+                PackedLoss(self.model),
+                broadcast_buffers=False,  # the buffers are constant masks
+                device_ids=[torch.cuda.current_device()] if self.device == 'cuda' else None,
+            )
             if self.rank > 0:  # each process its own dropout masks
                 torch.manual_seed((torch.initial_seed() + self.rank) % 2**63)
         # fp16's narrow range needs the loss scaled up so that small gradients do not
@@ -107,7 +113,8 @@ class Trainer:
         else:
             # cosine learning rate decay; as in the original, past final_tokens it rises again
             progress = float(tokens - config.warmup_tokens) / float(
-                max(1, config.final_tokens - config.warmup_tokens))
+                max(1, config.final_tokens - config.warmup_tokens)
+            )
             lr_mult = max(0.1, 0.5 * (1.0 + math.cos(math.pi * progress)))
         return config.learning_rate * lr_mult
 
@@ -118,10 +125,13 @@ class Trainer:
         # (they are ln1/ln2/ln_f), so LayerNorm weights do decay, as they did there.
         decay = [p for n, p in named if 'bias' not in n]
         no_decay = [p for n, p in named if 'bias' in n]
-        groups = [{"params": decay, "weight_decay": config.weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=config.learning_rate, betas=config.betas,
-                                 fused=self.device == 'cuda')
+        groups = [
+            {"params": decay, "weight_decay": config.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(
+            groups, lr=config.learning_rate, betas=config.betas, fused=self.device == 'cuda'
+        )
 
     def batch(self, dataset, step):
         """Batch number `step` of an epoch, on the CPU: the original loader's order (no
@@ -149,7 +159,7 @@ class Trainer:
             x, y = self.to_device(x, y)
             with self.autocast():
                 return self.model.packed_loss(x, y, packing)
-        rows = lengths.argsort(descending=True, stable=True)[self.rank::self.world_size]
+        rows = lengths.argsort(descending=True, stable=True)[self.rank :: self.world_size]
         share = 1.0
         if len(rows) == 0:  # fewer rows than processes: still join the gradient reduction
             rows, share = rows.new_zeros(1), 0.0
@@ -172,13 +182,23 @@ class Trainer:
         if config.resume:
             start_epoch, start_step = resume.load_state(self, optimizer)
             self.resumed_elapsed = self.elapsed
-        log = MetricsLog(config.metrics_path if self.rank == 0 else None, append=config.resume,
-                         tensorboard_dir=config.tensorboard_dir if self.rank == 0 else None,
-                         first_step=start_epoch * steps_per_epoch + start_step, average=self.average)
+        log = MetricsLog(
+            config.metrics_path if self.rank == 0 else None,
+            append=config.resume,
+            tensorboard_dir=config.tensorboard_dir if self.rank == 0 else None,
+            first_step=start_epoch * steps_per_epoch + start_step,
+            average=self.average,
+        )
         total_steps = config.max_epochs * steps_per_epoch
         done = start_epoch * steps_per_epoch + start_step
-        pbar = tqdm(total=total_steps, initial=done, unit='step', dynamic_ncols=True,
-                    smoothing=0.05, disable=total_steps == 0 or self.rank > 0)
+        pbar = tqdm(
+            total=total_steps,
+            initial=done,
+            unit='step',
+            dynamic_ncols=True,
+            smoothing=0.05,
+            disable=total_steps == 0 or self.rank > 0,
+        )
         self.stop_signal = None
         handlers = self.catch_stop_signals() if config.resume_path else {}
         start_time, first_done, last_save = time.time() - self.elapsed, done, time.time()
@@ -201,11 +221,17 @@ class Trainer:
                     if logged:
                         self.elapsed = time.time() - start_time
                         last_loss = log.flush(self.elapsed)
-                        pbar.set_description(f"epoch {epoch+1} iter {it}: train loss {last_loss:.5f}. lr {lr:e}")
-                        pbar.set_postfix_str(f"{self.tokens_per_s(done - first_done, y.size(1)):,.0f} tok/s")
+                        pbar.set_description(
+                            f"epoch {epoch + 1} iter {it}: train loss {last_loss:.5f}. lr {lr:e}"
+                        )
+                        pbar.set_postfix_str(
+                            f"{self.tokens_per_s(done - first_done, y.size(1)):,.0f} tok/s"
+                        )
                         pbar.update(done - pbar.n)
                     # processes must stop after the same step: they agree where they log
-                    if (logged or self.ddp is None) and self.any_process(self.stop_signal is not None):
+                    if (logged or self.ddp is None) and self.any_process(
+                        self.stop_signal is not None
+                    ):
                         self.elapsed = time.time() - start_time
                         self.stop(epoch, it + 1, optimizer, log)
                 start_step = 0
@@ -214,14 +240,21 @@ class Trainer:
                 self.elapsed = time.time() - start_time
                 log.flush(self.elapsed)
                 self.save_checkpoint()
-                if config.resume_path and self.any_process(time.time() - last_save >= config.save_every_s):
+                if config.resume_path and self.any_process(
+                    time.time() - last_save >= config.save_every_s
+                ):
                     resume.save_state(self, epoch + 1, 0, optimizer)
                     last_save = time.time()
         except NonFiniteLoss as e:
-            kept = (f"the last good state is kept in {config.resume_path}" if config.resume_path
-                    and os.path.exists(config.resume_path) else "no earlier state had been saved yet")
+            kept = (
+                f"the last good state is kept in {config.resume_path}"
+                if config.resume_path and os.path.exists(config.resume_path)
+                else "no earlier state had been saved yet"
+            )
             hint = "--precision fp32 or " if config.precision == 'fp16' else ""
-            raise NonFiniteLoss(f"{e}; stopped, {kept}; {hint}a lower learning rate may help") from None
+            raise NonFiniteLoss(
+                f"{e}; stopped, {kept}; {hint}a lower learning rate may help"
+            ) from None
         finally:
             pbar.close()
             log.close()
@@ -294,7 +327,8 @@ class Trainer:
         log.flush(self.elapsed)
         resume.save_state(self, epoch, step, optimizer)
         raise TrainingInterrupted(
-            f"interrupted at epoch {epoch + 1}, step {step}; state saved to {self.config.resume_path}")
+            f"interrupted at epoch {epoch + 1}, step {step}; state saved to {self.config.resume_path}"
+        )
 
 
 class MetricsLog:
@@ -303,18 +337,24 @@ class MetricsLog:
 
     FIELDS = ['epoch', 'step', 'loss', 'lr', 'tokens', 'seconds']
 
-    def __init__(self, path, append, tensorboard_dir=None, first_step=0, average=lambda losses: losses):
+    def __init__(
+        self, path, append, tensorboard_dir=None, first_step=0, average=lambda losses: losses
+    ):
         self.rows, self.last_loss, self.average = [], float('nan'), average
         self.file = self.writer = self.tensorboard = None
         if tensorboard_dir:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                print("note: TensorBoard is not installed (pip install tensorboard); no logs in "
-                      f"{tensorboard_dir}")
+                print(
+                    "note: TensorBoard is not installed (pip install tensorboard); no logs in "
+                    f"{tensorboard_dir}"
+                )
             else:
                 # a resumed run drops what an interrupted one logged after its saved state
-                self.tensorboard = SummaryWriter(tensorboard_dir, purge_step=first_step + 1 if append else None)
+                self.tensorboard = SummaryWriter(
+                    tensorboard_dir, purge_step=first_step + 1 if append else None
+                )
         if path:
             new = not (append and os.path.exists(path))
             self.file = open(path, 'w' if new else 'a', newline='', encoding='utf-8')
@@ -333,7 +373,9 @@ class MetricsLog:
             if not math.isfinite(loss):
                 raise NonFiniteLoss(f"the loss became {loss} at epoch {epoch}, step {step}")
             if self.writer:
-                self.writer.writerow([epoch, step, f'{loss:.6f}', f'{lr:.6e}', tokens, f'{seconds:.1f}'])
+                self.writer.writerow(
+                    [epoch, step, f'{loss:.6f}', f'{lr:.6e}', tokens, f'{seconds:.1f}']
+                )
             if self.tensorboard:
                 self.tensorboard.add_scalar('train/loss', loss, step)
                 self.tensorboard.add_scalar('train/lr', lr, step)
@@ -367,4 +409,3 @@ def init_distributed(device):
     if device == 'cuda':
         torch.cuda.set_device(int(os.environ['LOCAL_RANK']))
     dist.init_process_group('nccl' if device == 'cuda' else 'gloo')
-

@@ -1,6 +1,7 @@
 """Helpers shared by the scripts: seeding, the device, reading input files, saving and
 loading files safely, greedy decoding (the plain reference and the fast batched one) and
 scoring."""
+
 import os
 import pickle
 import random
@@ -29,18 +30,24 @@ def set_seed(seed):
 
 # --- Device ------------------------------------------------------------------------------
 
+
 def pick_device(requested='auto'):
     """'cuda', 'mps' or 'cpu': the one place the device is chosen. auto: an NVIDIA GPU,
     else Apple's GPU, else the CPU. A device that is asked for but missing is a UserError.
     The model, trainer and decoder use only standard ops (linear, SDPA, layer norm, GELU,
     index_select/index_copy, topk), which torch implements on MPS; this was not run on a
     Mac, and PYTORCH_ENABLE_MPS_FALLBACK=1 would send a missing one to the CPU."""
-    available = {'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available(),
-                 'cpu': True}
+    available = {
+        'cuda': torch.cuda.is_available(),
+        'mps': torch.backends.mps.is_available(),
+        'cpu': True,
+    }
     if requested in (None, 'auto'):
         return next(device for device, ok in available.items() if ok)
     if not available[requested]:
-        raise UserError(f"--device {requested}: not available on this machine (torch {torch.__version__})")
+        raise UserError(
+            f"--device {requested}: not available on this machine (torch {torch.__version__})"
+        )
     return requested
 
 
@@ -55,6 +62,7 @@ def to_device(tensor, device):
 
 
 # --- Files -------------------------------------------------------------------------------
+
 
 def find_data_file(path):
     """`path` itself if it exists, else data/`path` for a bare file name, so that the
@@ -82,7 +90,7 @@ def read_text(path):
     try:
         return universal_newlines(raw.decode('utf-8'))
     except UnicodeDecodeError as e:
-        line = universal_newlines(raw[:e.start].decode('utf-8')).count('\n') + 1
+        line = universal_newlines(raw[: e.start].decode('utf-8')).count('\n') + 1
         raise UserError(f'{found}, line {line}: not valid UTF-8 (byte {raw[e.start]:#x})')
 
 
@@ -152,23 +160,30 @@ def load_weights_only(path, where, kind, if_trusted):
         # torch's own test for a refused class or function (a pickle GLOBAL), as in its message
         found = isinstance(e, pickle.UnpicklingError) and re.search(r'GLOBAL (\S+)', str(e))
         if found:
-            raise UserError(f"{where}: refused: it holds code or objects ({found.group(1)}), which "
-                            f"are never loaded because loading them can run code; only tensors and "
-                            f"plain values are. {if_trusted}")
+            raise UserError(
+                f"{where}: refused: it holds code or objects ({found.group(1)}), which "
+                f"are never loaded because loading them can run code; only tensors and "
+                f"plain values are. {if_trusted}"
+            )
         raise UserError(f"{where}: not a {kind}, or a damaged one (torch.load: {type(e).__name__})")
 
 
 def convert_command(expression, source, target):
     """A shell command that loads `source` in full (objects included: only for trusted files)
     and saves `expression`, a Python expression of the loaded object s, to `target`."""
-    code = f"import sys, torch; s = torch.load(sys.argv[1], weights_only=False); torch.save({expression}, sys.argv[2])"
+    code = (
+        "import sys, torch; s = torch.load(sys.argv[1], weights_only=False); "
+        f"torch.save({expression}, sys.argv[2])"
+    )
     return f"python -c {shlex.quote(code)} {shlex.quote(str(source))} {shlex.quote(str(target))}"
 
 
 def check_tensor_dict(state, where):
     """`state` must be a non-empty dict whose values are all tensors."""
     if not isinstance(state, dict):
-        raise UserError(f"{where}: holds a {type(state).__name__}, not a state_dict (a dict of named tensors)")
+        raise UserError(
+            f"{where}: holds a {type(state).__name__}, not a state_dict (a dict of named tensors)"
+        )
     if not state:
         raise UserError(f"{where}: the state_dict is empty")
     for name, value in state.items():
@@ -187,20 +202,29 @@ def check_state_dict(state, shapes, where, model_name):
         if name not in state:
             raise UserError(f"{where}: does not fit {model_name} (no {name!r})")
         if state[name].shape != shape:
-            raise UserError(f"{where}: does not fit {model_name} ({name!r} has shape "
-                            f"{tuple(state[name].shape)}, expected {tuple(shape)})")
+            raise UserError(
+                f"{where}: does not fit {model_name} ({name!r} has shape "
+                f"{tuple(state[name].shape)}, expected {tuple(shape)})"
+            )
     for name, tensor in state.items():
         if name not in shapes:
             raise UserError(f"{where}: does not fit {model_name} (unexpected {name!r})")
         # any inf or nan makes the sum inf or nan (a sum far cheaper than isfinite on the CPU);
         # a sum of finite values that overflows is checked element by element
-        if tensor.is_floating_point() and not torch.isfinite(tensor.sum()) and not torch.isfinite(tensor).all():
+        if (
+            tensor.is_floating_point()
+            and not torch.isfinite(tensor.sum())
+            and not torch.isfinite(tensor).all()
+        ):
             bad = tensor.numel() - int(torch.isfinite(tensor).sum())
-            raise UserError(f"{where}: {name!r} has {bad} non-finite value(s) (inf or nan), which "
-                            f"turn every output they reach into nan")
+            raise UserError(
+                f"{where}: {name!r} has {bad} non-finite value(s) (inf or nan), which "
+                f"turn every output they reach into nan"
+            )
 
 
 # --- Decoding ----------------------------------------------------------------------------
+
 
 def top_k_logits(logits, k):
     v, ix = torch.topk(logits, k)
@@ -217,7 +241,7 @@ def sample(model, x, steps, temperature=1.0, sample=False, top_k=None):
     that greedy_complete must match."""
     block_size = model.get_block_size()
     model.eval()
-    for k in range(steps):
+    for _ in range(steps):
         x_cond = x if x.size(1) <= block_size else x[:, -block_size:]  # crop context if needed
         logits, _ = model(x_cond)
         logits = logits[:, -1, :] / temperature  # (b, vocab)
@@ -250,7 +274,7 @@ def greedy_complete(model, prompts, steps, stop_id, batch_size=512):
         by_length.setdefault(len(p), []).append(i)
     for indices in by_length.values():
         for start in range(0, len(indices), batch_size):
-            batch = indices[start:start + batch_size]
+            batch = indices[start : start + batch_size]
             x = torch.stack([torch.as_tensor(prompts[i]) for i in batch]).to(device)  # (b, t)
             generated = _greedy_batch(model, x, steps, stop_id)
             for i, ids in zip(batch, generated):
@@ -273,14 +297,15 @@ def _greedy_batch(model, x, steps, stop_id):
             break
     result = []
     for row in generated.tolist():
-        result.append(row[:row.index(stop_id) + 1] if stop_id in row else row)
+        result.append(row[: row.index(stop_id) + 1] if stop_id in row else row)
     return result
 
 
 # --- Scoring -----------------------------------------------------------------------------
 
+
 def evaluate_places(filepath, predicted_places):
-    """ Computes percent of correctly predicted birth places.
+    """Computes percent of correctly predicted birth places.
 
     Arguments:
       filepath: path to a file with our name, birth place data.

@@ -1,6 +1,7 @@
 """Shared fixtures: src/ on the path, a tiny corpus the tests build themselves, and the
 real data (copied from ../shared/data into data/ when it is there; tests that need it
 skip, saying so, when it is not)."""
+
 import random
 import shutil
 import sys
@@ -15,9 +16,24 @@ import cpu_libraries  # noqa: E402,F401 (before torch loads, as the scripts do)
 DATA_FILES = ['wiki.txt', 'birth_places_train.tsv', 'birth_dev.tsv', 'birth_test_inputs.tsv']
 SHARED_DATA = ROOT.parent / 'shared' / 'data'
 
-NAMES = ['Ada Lovelace', 'Alan Turing', 'Grace Hopper', 'Claude Shannon', 'John von Neumann',
-         'Emmy Noether', 'Kurt Godel', 'Ida Rhodes', 'Niels Bohr', 'Lise Meitner', 'Max Born',
-         'Marie Curie', 'Paul Dirac', 'Hedy Lamarr', 'Carl Gauss', 'Sofia Kovalevskaya']
+NAMES = [
+    'Ada Lovelace',
+    'Alan Turing',
+    'Grace Hopper',
+    'Claude Shannon',
+    'John von Neumann',
+    'Emmy Noether',
+    'Kurt Godel',
+    'Ida Rhodes',
+    'Niels Bohr',
+    'Lise Meitner',
+    'Max Born',
+    'Marie Curie',
+    'Paul Dirac',
+    'Hedy Lamarr',
+    'Carl Gauss',
+    'Sofia Kovalevskaya',
+]
 PLACES = ['London', 'Paris', 'Vienna', 'Berlin', 'Rome', 'Oslo', 'Prague', 'Madrid']
 
 
@@ -33,8 +49,10 @@ def real_data():
     """Path of data/, or a skip when the assignment's files are not there."""
     missing = [n for n in DATA_FILES if not (ROOT / 'data' / n).exists()]
     if missing:
-        pytest.skip(f"needs the assignment's data in data/ (missing: {', '.join(missing)}); "
-                    f"see data/README.md")
+        pytest.skip(
+            f"needs the assignment's data in data/ (missing: {', '.join(missing)}); "
+            f"see data/README.md"
+        )
     return ROOT / 'data'
 
 
@@ -45,9 +63,15 @@ def tiny_corpus():
     lines = []
     for name, place in people.items():
         lines.append(f"{name} was born in {place}. {name.split()[0]} studied there.")
-        lines.append(f"{name} (born {rng.randint(1800, 1950)}) worked on {rng.choice(['maths', 'physics', 'codes'])}.")
-    lines += ['Short.', 'ab', 'London is a city. Paris is a city. Vienna, Berlin and Rome too.',
-              'Where was each of them born? Read on.']
+        lines.append(
+            f"{name} (born {rng.randint(1800, 1950)}) worked on {rng.choice(['maths', 'physics', 'codes'])}."
+        )
+    lines += [
+        'Short.',
+        'ab',
+        'London is a city. Paris is a city. Vienna, Berlin and Rome too.',
+        'Where was each of them born? Read on.',
+    ]
     return '\n'.join(lines) + '\n', people
 
 
@@ -59,6 +83,7 @@ def tiny(tmp_path):
     rows = [f"Where was {n} born?\t{p}" for n, p in people.items()]
     (tmp_path / 'train.tsv').write_text('\n'.join(rows[:12]) + '\n', encoding='utf-8')
     (tmp_path / 'dev.tsv').write_text('\n'.join(rows[12:]) + '\n', encoding='utf-8')
-    (tmp_path / 'test.tsv').write_text('\n'.join(r.split('\t')[0] for r in rows[12:]) + '\n',
-                                       encoding='utf-8')
+    (tmp_path / 'test.tsv').write_text(
+        '\n'.join(r.split('\t')[0] for r in rows[12:]) + '\n', encoding='utf-8'
+    )
     return tmp_path

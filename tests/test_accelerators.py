@@ -3,6 +3,7 @@ and are skipped, saying so, everywhere else (the rest of the suite pins the CPU,
 results it checks bit for bit). A few training steps in each precision the device offers
 against fp32 on the CPU, the packed loss against the plain one, cached greedy decoding
 against the plain decoder, and an interrupted and resumed run against a straight one."""
+
 import random
 
 import pytest
@@ -14,8 +15,15 @@ from test_distributed import csv_losses
 from test_model import SMALL, VARIANTS, make_gpt, ragged_batch
 from test_trainer import tiny_setup
 
-DEVICES = [pytest.param('cuda', marks=pytest.mark.skipif(not torch.cuda.is_available(), reason='no CUDA GPU here')),
-           pytest.param('mps', marks=pytest.mark.skipif(not torch.backends.mps.is_available(), reason='no Apple GPU here'))]
+DEVICES = [
+    pytest.param(
+        'cuda', marks=pytest.mark.skipif(not torch.cuda.is_available(), reason='no CUDA GPU here')
+    ),
+    pytest.param(
+        'mps',
+        marks=pytest.mark.skipif(not torch.backends.mps.is_available(), reason='no Apple GPU here'),
+    ),
+]
 
 
 def offers(device, precision):
@@ -52,7 +60,9 @@ def test_training_steps_match_the_cpu(device, precision):
     cpu_losses, cpu_grads = train_steps('cpu', 'fp32')
     losses, grads = train_steps(device, precision)
     loss_tolerance, grad_tolerance = (1e-4, 1e-3) if precision == 'fp32' else (2e-2, 5e-2)
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(cpu_losses), rtol=loss_tolerance, atol=0)
+    torch.testing.assert_close(
+        torch.tensor(losses), torch.tensor(cpu_losses), rtol=loss_tolerance, atol=0
+    )
     # relative to each gradient's size, with a floor: some (the key biases') are zero but for rounding
     floor = 1e-3 * torch.cat([g.flatten() for g in cpu_grads.values()]).norm()
     for name, grad in grads.items():
@@ -77,7 +87,7 @@ def test_cached_decoding_equals_plain_decoding(device, variant):
     gpt = make_gpt(variant, **dict(SMALL, vocab=12), sharp=True).eval().to(device)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, 12, (n,), generator=g) for n in [5, 9, 5, 17, 9, 40, 1]]
-    plains = [utils.sample(gpt, p[None].to(device), 32)[0, len(p):].tolist() for p in prompts]
+    plains = [utils.sample(gpt, p[None].to(device), 32)[0, len(p) :].tolist() for p in prompts]
     assert utils.greedy_complete(gpt, prompts, 32, stop_id=-1, batch_size=2) == plains
 
 
@@ -86,9 +96,16 @@ def test_interrupted_run_resumes_to_the_same_losses(tmp_path, device):
     """Dropout on: the device's random state is part of the resumable state, so the resumed
     run's losses are the straight run's (other dropout masks would move them by percents).
     Compared within rounding, not bit for bit: some GPU kernels are not deterministic."""
+
     def run(metrics, resume=False, stop_at=None):
-        gpt, ds, config = tiny_setup(device=device, precision='fp32', resume=resume, metrics_path=str(metrics),
-                                     resume_path=str(tmp_path / 'state.resume'), log_every=1)
+        gpt, ds, config = tiny_setup(
+            device=device,
+            precision='fp32',
+            resume=resume,
+            metrics_path=str(metrics),
+            resume_path=str(tmp_path / 'state.resume'),
+            log_every=1,
+        )
         t = trainer.Trainer(gpt, ds, None, config)
         real, steps = gpt.packed_loss, {'n': 0}
 
@@ -111,4 +128,6 @@ def test_interrupted_run_resumes_to_the_same_losses(tmp_path, device):
     run(tmp_path / 'resumed.csv', resume=True)
     losses = [csv_losses(tmp_path / name) for name in ('straight.csv', 'resumed.csv')]
     assert len(losses[0]) == len(losses[1]) == 15
-    torch.testing.assert_close(torch.tensor(losses[1]), torch.tensor(losses[0]), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(
+        torch.tensor(losses[1]), torch.tensor(losses[0]), rtol=1e-4, atol=1e-6
+    )

@@ -1,4 +1,5 @@
 """Autograder-style properties of span corruption and NameDataset, on corpora built here."""
+
 import random
 import statistics
 
@@ -8,7 +9,7 @@ import torch
 import dataset
 from conftest import tiny_corpus
 
-PAD, MASK = '\u25A1', '\u2047'
+PAD, MASK = '\u25a1', '\u2047'
 
 
 def decode(ids, ds):
@@ -121,8 +122,10 @@ def test_name_dataset():
         xs, ys = decode(x, ds), decode(y, ds)
         assert xs == (question + MASK + place + MASK).ljust(127, PAD)
         # no loss on the question; then "MASK place MASK" and padding
-        assert ys == PAD * (len(question) - 1) + (MASK + place + MASK).ljust(128 - len(question), PAD)
-        assert torch.equal(x[len(question):], y[len(question) - 1:-1])
+        assert ys == PAD * (len(question) - 1) + (MASK + place + MASK).ljust(
+            128 - len(question), PAD
+        )
+        assert torch.equal(x[len(question) :], y[len(question) - 1 : -1])
 
 
 def test_name_dataset_drops_non_ascii():

@@ -1,5 +1,6 @@
 """Several processes (torchrun, DistributedDataParallel): on the CPU with gloo, two
 processes must compute what one process computes."""
+
 import os
 import random
 import signal
@@ -24,11 +25,31 @@ def setup(folder, **overrides):
     text, _ = tiny_corpus()
     ds = dataset.CharCorruptionDataset(text, 32)
     torch.manual_seed(0)
-    gpt = model.GPT(model.GPTConfig(ds.vocab_size, 32, n_layer=2, n_head=2, n_embd=32,
-                                    embd_pdrop=0.0, resid_pdrop=0.0, attn_pdrop=0.0))
-    settings = dict(max_epochs=1, batch_size=5, learning_rate=3e-3, lr_decay=True, warmup_tokens=5 * 31 * 2,
-                    final_tokens=5 * 31 * 12, log_every=3, precision='fp32', device='cpu',
-                    metrics_path=str(folder / 'metrics.csv'), resume_path=str(folder / 'state.resume'))
+    gpt = model.GPT(
+        model.GPTConfig(
+            ds.vocab_size,
+            32,
+            n_layer=2,
+            n_head=2,
+            n_embd=32,
+            embd_pdrop=0.0,
+            resid_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    )
+    settings = dict(
+        max_epochs=1,
+        batch_size=5,
+        learning_rate=3e-3,
+        lr_decay=True,
+        warmup_tokens=5 * 31 * 2,
+        final_tokens=5 * 31 * 12,
+        log_every=3,
+        precision='fp32',
+        device='cpu',
+        metrics_path=str(folder / 'metrics.csv'),
+        resume_path=str(folder / 'state.resume'),
+    )
     settings.update(overrides)
     return gpt, ds, trainer.TrainerConfig(**settings)
 
@@ -36,7 +57,9 @@ def setup(folder, **overrides):
 def interrupted_run(rank, world_size, folder):
     """A stop signal reaches process 0 alone during step 2; every process must stop after
     the same step, and the run is then resumed in fresh models."""
-    dist.init_process_group('gloo', init_method=f'file://{folder}/store', rank=rank, world_size=world_size)
+    dist.init_process_group(
+        'gloo', init_method=f'file://{folder}/store', rank=rank, world_size=world_size
+    )
     torch.set_num_threads(1)
     random.seed(0)
     gpt, ds, config = setup(folder)
@@ -60,7 +83,9 @@ def interrupted_run(rank, world_size, folder):
     torch.manual_seed(100 + rank)
     gpt, ds, config = setup(folder, resume=True)
     trainer.Trainer(gpt, ds, None, config).train()
-    torch.save({'params': gpt.state_dict(), 'seed': seed, 'stopped': stopped}, folder / f'rank{rank}.pt')
+    torch.save(
+        {'params': gpt.state_dict(), 'seed': seed, 'stopped': stopped}, folder / f'rank{rank}.pt'
+    )
     dist.destroy_process_group()
 
 
@@ -78,38 +103,69 @@ def test_two_processes_compute_what_one_computes(tmp_path):
 
     mp.start_processes(interrupted_run, args=(2, ddp), nprocs=2, start_method='spawn')
     results = [torch.load(ddp / f'rank{r}.pt', weights_only=False) for r in range(2)]
-    assert results[0]['stopped'] == results[1]['stopped'] == 'interrupted at epoch 1, step 3; state saved to ' \
-        + str(ddp / 'state.resume')
+    assert (
+        results[0]['stopped']
+        == results[1]['stopped']
+        == 'interrupted at epoch 1, step 3; state saved to ' + str(ddp / 'state.resume')
+    )
     assert results[0]['seed'] != results[1]['seed']  # a dropout stream per process
     for k in expected:
         assert torch.equal(results[0]['params'][k], results[1]['params'][k]), k
         torch.testing.assert_close(results[0]['params'][k], expected[k], rtol=1e-4, atol=1e-5)
     # one writer of the metrics, with the whole batch's loss; the resumed run appended to them
-    torch.testing.assert_close(csv_losses(ddp / 'metrics.csv'), csv_losses(single / 'metrics.csv'),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        csv_losses(ddp / 'metrics.csv'), csv_losses(single / 'metrics.csv'), rtol=1e-5, atol=1e-6
+    )
 
 
 def torchrun(*args, cwd, **kwargs):
-    command = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2',
-               str(ROOT / 'src' / 'run.py'), *map(str, args)]
-    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    command = [
+        sys.executable,
+        '-m',
+        'torch.distributed.run',
+        '--standalone',
+        '--nproc_per_node',
+        '2',
+        str(ROOT / 'src' / 'run.py'),
+        *map(str, args),
+    ]
+    return subprocess.Popen(
+        command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs
+    )
 
 
 def test_torchrun_command_line_ctrl_c_and_resume(tiny):
     """The README's command on two CPU processes: process 0 alone prints and writes; a
     terminal's Ctrl-C (which reaches torchrun and both processes) saves a state from
     which `--resume` ends with the params of an uninterrupted run."""
-    args = ['pretrain', 'vanilla', 'wiki.txt', '--max_epochs', 4, '--batch_size', 8, '--device', 'cpu',
-            '--precision', 'fp32']
-    out, err = torchrun(*args, '--writing_params_path', 'straight.params', cwd=tiny).communicate(timeout=300)
+    args = [
+        'pretrain',
+        'vanilla',
+        'wiki.txt',
+        '--max_epochs',
+        4,
+        '--batch_size',
+        8,
+        '--device',
+        'cpu',
+        '--precision',
+        'fp32',
+    ]
+    out, err = torchrun(*args, '--writing_params_path', 'straight.params', cwd=tiny).communicate(
+        timeout=300
+    )
     assert 'Traceback' not in err and out.count('pretrain done: 20 steps') == 1, err
     assert out.count('data has ') == 1
     assert (tiny / 'straight.params.metrics.csv').read_text().count('\n') == 1 + 20
 
-    process = torchrun(*args, '--writing_params_path', 'resumed.params', cwd=tiny, start_new_session=True)
+    process = torchrun(
+        *args, '--writing_params_path', 'resumed.params', cwd=tiny, start_new_session=True
+    )
     metrics = tiny / 'resumed.params.metrics.csv'
     deadline = time.time() + 120
-    while not (metrics.exists() and metrics.read_text().count('\n') >= 3) and time.time() < deadline:
+    while (
+        not (metrics.exists() and metrics.read_text().count('\n') >= 3) and time.time() < deadline
+    ):
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the whole process group
     _, err = process.communicate(timeout=120)
@@ -117,7 +173,9 @@ def test_torchrun_command_line_ctrl_c_and_resume(tiny):
     assert 'To continue: torchrun --nproc_per_node=2 src/run.py pretrain' in err
     assert not (tiny / 'resumed.params').exists()
 
-    out, err = torchrun(*args, '--writing_params_path', 'resumed.params', '--resume', cwd=tiny).communicate(timeout=300)
+    out, err = torchrun(
+        *args, '--writing_params_path', 'resumed.params', '--resume', cwd=tiny
+    ).communicate(timeout=300)
     assert 'resuming from resumed.params.resume' in out, err
     straight = torch.load(tiny / 'straight.params', weights_only=True)
     resumed = torch.load(tiny / 'resumed.params', weights_only=True)
@@ -139,4 +197,6 @@ def test_ddp_is_given_the_packing_not_tensors_to_copy_back(tmp_path):
     (args,) = given
     assert [type(a) for a in args] == [torch.Tensor, torch.Tensor, attention.Packing, float]
     moved = torch.distributed.utils._recursive_to(args, torch.device('meta'), False)[0]
-    assert moved[2] is args[2] and all(isinstance(v, int) for v in (args[2].T, *sum(args[2].shapes, ())))
+    assert moved[2] is args[2] and all(
+        isinstance(v, int) for v in (args[2].T, *sum(args[2].shapes, ()))
+    )

@@ -1,5 +1,6 @@
 """The CPU dropout against what dropout must be: the right rate, independent draws, the
 1/(1-p) scale, the same mask in the backward pass, and torch's own dropout elsewhere."""
+
 import math
 
 import pytest

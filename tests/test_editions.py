@@ -1,6 +1,7 @@
 """The later editions from the command line: the perceiver (2023) and rope (2024/25)
 commands as their handouts print them, each edition's settings, TensorBoard logs, the
 new ways to get it wrong, and the submission packing of each edition."""
+
 import shutil
 import subprocess
 import zipfile
@@ -20,26 +21,77 @@ QUICK = ['--max_epochs', 1, '--batch_size', 16]
 
 def tensorboard_scalars(folder):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     events = EventAccumulator(str(folder))
     events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()['scalars']}
+    return {
+        tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()['scalars']
+    }
 
 
-@pytest.mark.parametrize('variant, flags, folder', [
-    ('perceiver', ['--bottleneck_dim', 64], 'run_perceiver_64_pt_lr_0.006000_ft_lr_0.000600'),
-    ('rope', [], 'run_rope_pt_lr_0.006000_ft_lr_0.000600')])
+@pytest.mark.parametrize(
+    'variant, flags, folder',
+    [
+        ('perceiver', ['--bottleneck_dim', 64], 'run_perceiver_64_pt_lr_0.006000_ft_lr_0.000600'),
+        ('rope', [], 'run_rope_pt_lr_0.006000_ft_lr_0.000600'),
+    ],
+)
 def test_handout_pipeline_with_tensorboard(tiny, capsys, variant, flags, folder):
-    assert main('pretrain', variant, 'wiki.txt', '--writing_params_path', f'{variant}.pretrain.params',
-                '--pretrain_lr', 6e-3, *flags, *QUICK, cwd=tiny) == 0
-    assert main('finetune', variant, 'wiki.txt', '--reading_params_path', f'{variant}.pretrain.params',
-                '--writing_params_path', f'{variant}.finetune.params', '--finetune_corpus_path', 'train.tsv',
-                *flags, *QUICK, cwd=tiny) == 0
-    assert main('evaluate', variant, 'wiki.txt', '--reading_params_path', f'{variant}.finetune.params',
-                '--eval_corpus_path', 'dev.tsv', '--outputs_path', 'dev.predictions', *flags, cwd=tiny) == 0
+    assert (
+        main(
+            'pretrain',
+            variant,
+            'wiki.txt',
+            '--writing_params_path',
+            f'{variant}.pretrain.params',
+            '--pretrain_lr',
+            6e-3,
+            *flags,
+            *QUICK,
+            cwd=tiny,
+        )
+        == 0
+    )
+    assert (
+        main(
+            'finetune',
+            variant,
+            'wiki.txt',
+            '--reading_params_path',
+            f'{variant}.pretrain.params',
+            '--writing_params_path',
+            f'{variant}.finetune.params',
+            '--finetune_corpus_path',
+            'train.tsv',
+            *flags,
+            *QUICK,
+            cwd=tiny,
+        )
+        == 0
+    )
+    assert (
+        main(
+            'evaluate',
+            variant,
+            'wiki.txt',
+            '--reading_params_path',
+            f'{variant}.finetune.params',
+            '--eval_corpus_path',
+            'dev.tsv',
+            '--outputs_path',
+            'dev.predictions',
+            *flags,
+            cwd=tiny,
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert CORRECT_LINE.search(out).group(2) == '4.0'
     edition = {'perceiver': '2023', 'rope': '2024'}[variant]
-    assert f'finetune from pretrained: 1 epochs, batch 16, lr 0.0006, {edition} edition settings' in out
+    assert (
+        f'finetune from pretrained: 1 epochs, batch 16, lr 0.0006, {edition} edition settings'
+        in out
+    )
     state = torch.load(tiny / f'{variant}.finetune.params', weights_only=True)
     assert run.params_variant(state) == variant
     steps = {'pretrain': 3, 'finetune': 1}  # 36 lines of wiki.txt, 12 of train.tsv, batch 16
@@ -48,7 +100,9 @@ def test_handout_pipeline_with_tensorboard(tiny, capsys, variant, flags, folder)
         assert [s for s, _ in scalars['train/loss']] == list(range(1, n + 1))
         assert [s for s, _ in scalars['train/lr']] == list(range(1, n + 1))
         csv = (tiny / f'{variant}.{function}.params.metrics.csv').read_text().splitlines()[1:]
-        assert [round(v, 4) for _, v in scalars['train/loss']] == [round(float(r.split(',')[2]), 4) for r in csv]
+        assert [round(v, 4) for _, v in scalars['train/loss']] == [
+            round(float(r.split(',')[2]), 4) for r in csv
+        ]
 
 
 class Captured(Exception):
@@ -57,8 +111,10 @@ class Captured(Exception):
 
 def training_settings(tiny, monkeypatch, *argv):
     """(TrainerConfig, length of the training examples) that `run.py argv` would train with."""
+
     def capture(self):
         raise Captured(self.config, len(self.train_dataset[0][0]), len(self.train_dataset))
+
     monkeypatch.setattr(trainer.Trainer, 'train', capture)
     monkeypatch.chdir(tiny)
     args = run.parse_args([str(a) for a in argv])
@@ -69,20 +125,40 @@ def training_settings(tiny, monkeypatch, *argv):
     return config, length, n
 
 
-@pytest.mark.parametrize('variant, edition, schedule_epochs, length', [
-    ('vanilla', None, 200, 127), ('synthesizer', None, 200, 127), ('perceiver', None, 200, 127),
-    ('rope', None, 650, 128), ('vanilla', '2024', 650, 128), ('vanilla', '2025', 650, 128),
-    ('rope', '2021', 200, 127), ('perceiver', '2024', 650, 128)])
+@pytest.mark.parametrize(
+    'variant, edition, schedule_epochs, length',
+    [
+        ('vanilla', None, 200, 127),
+        ('synthesizer', None, 200, 127),
+        ('perceiver', None, 200, 127),
+        ('rope', None, 650, 128),
+        ('vanilla', '2024', 650, 128),
+        ('vanilla', '2025', 650, 128),
+        ('rope', '2021', 200, 127),
+        ('perceiver', '2024', 650, 128),
+    ],
+)
 def test_each_edition_settings(tiny, monkeypatch, variant, edition, schedule_epochs, length):
-    argv = ['pretrain', variant, 'wiki.txt', '--writing_params_path', 'p.params'] + (['--edition', edition] if edition else [])
+    argv = ['pretrain', variant, 'wiki.txt', '--writing_params_path', 'p.params'] + (
+        ['--edition', edition] if edition else []
+    )
     config, x_length, n = training_settings(tiny, monkeypatch, *argv)
     assert x_length == length
     assert config.final_tokens == schedule_epochs * n * 128
     assert (config.max_epochs, config.batch_size, config.learning_rate) == (650, 128, 6e-3)
     assert config.warmup_tokens == 512 * 20
     # finetuning is the same in every edition: 200 epochs' tokens of the pretraining corpus
-    argv = ['finetune', variant, 'wiki.txt', '--writing_params_path', 'f.params', '--finetune_corpus_path',
-            'train.tsv', '--finetune_lr', 1e-3] + (['--edition', edition] if edition else [])
+    argv = [
+        'finetune',
+        variant,
+        'wiki.txt',
+        '--writing_params_path',
+        'f.params',
+        '--finetune_corpus_path',
+        'train.tsv',
+        '--finetune_lr',
+        1e-3,
+    ] + (['--edition', edition] if edition else [])
     config, x_length, _ = training_settings(tiny, monkeypatch, *argv)
     assert x_length == 127 and config.learning_rate == 1e-3 and config.max_epochs == 75
     assert config.final_tokens == 200 * n * 128
@@ -92,39 +168,123 @@ def test_each_edition_settings(tiny, monkeypatch, variant, edition, schedule_epo
 def params(tiny):
     """One untrained params file per variant (the perceiver's with bottleneck 64)."""
     import dataset
+
     ds = dataset.CharCorruptionDataset((tiny / 'wiki.txt').read_text(encoding='utf-8'), 128)
     for variant in ('vanilla', 'rope', 'perceiver'):
         torch.manual_seed(0)
-        torch.save(model.GPT(run.model_config(variant, ds.vocab_size, 64)).state_dict(), tiny / f'{variant}.params')
+        torch.save(
+            model.GPT(run.model_config(variant, ds.vocab_size, 64)).state_dict(),
+            tiny / f'{variant}.params',
+        )
     return tiny
 
 
 EVALUATE = ['--eval_corpus_path', 'dev.tsv', '--outputs_path', 'o']
 
 
-@pytest.mark.parametrize('argv, message', [
-    (['pretrain', 'perceiver', 'wiki.txt', '--writing_params_path', 'x.params', '--bottleneck_dim', 0],
-     r'^error: --bottleneck_dim 0: must be between 1 and the block size, 128$'),
-    (['pretrain', 'perceiver', 'wiki.txt', '--writing_params_path', 'x.params', '--bottleneck_dim', -3],
-     r'^error: --bottleneck_dim -3: must be between 1 and the block size, 128$'),
-    (['pretrain', 'perceiver', 'wiki.txt', '--writing_params_path', 'x.params', '--bottleneck_dim', 129],
-     r'^error: --bottleneck_dim 129: must be between 1 and the block size, 128$'),
-    (['pretrain', 'synthesizer', 'wiki.txt', '--writing_params_path', 'x.params', '--edition', '2024'],
-     r"^error: --edition 2024: its 128-long pretraining examples do not fit the synthesizer's 127 positions$"),
-    (['evaluate', 'vanilla', 'wiki.txt', '--reading_params_path', 'rope.params', *EVALUATE],
-     r'^error: --reading_params_path rope.params: holds a rope model, but the variant is vanilla$'),
-    (['evaluate', 'rope', 'wiki.txt', '--reading_params_path', 'vanilla.params', *EVALUATE],
-     r'^error: --reading_params_path vanilla.params: holds a vanilla model, but the variant is rope$'),
-    (['evaluate', 'rope', 'wiki.txt', '--reading_params_path', 'perceiver.params', *EVALUATE],
-     r'^error: --reading_params_path perceiver.params: holds a perceiver model, but the variant is rope$'),
-    (['evaluate', 'perceiver', 'wiki.txt', '--reading_params_path', 'perceiver.params', *EVALUATE],
-     r'^error: --reading_params_path perceiver.params: made with --bottleneck_dim 64, but the flag is 32$'),
-    (['finetune', 'perceiver', 'wiki.txt', '--reading_params_path', 'perceiver.params', '--writing_params_path',
-      'x.params', '--finetune_corpus_path', 'train.tsv', '--bottleneck_dim', 16],
-     r'^error: --reading_params_path perceiver.params: made with --bottleneck_dim 64, but the flag is 16$'),
-], ids=lambda a: ' '.join(map(str, a[:2])) + ' ' + str(a[-1]) if isinstance(a, list) else None)
+@pytest.mark.parametrize(
+    'argv, message',
+    [
+        (
+            [
+                'pretrain',
+                'perceiver',
+                'wiki.txt',
+                '--writing_params_path',
+                'x.params',
+                '--bottleneck_dim',
+                0,
+            ],
+            r'^error: --bottleneck_dim 0: must be between 1 and the block size, 128$',
+        ),
+        (
+            [
+                'pretrain',
+                'perceiver',
+                'wiki.txt',
+                '--writing_params_path',
+                'x.params',
+                '--bottleneck_dim',
+                -3,
+            ],
+            r'^error: --bottleneck_dim -3: must be between 1 and the block size, 128$',
+        ),
+        (
+            [
+                'pretrain',
+                'perceiver',
+                'wiki.txt',
+                '--writing_params_path',
+                'x.params',
+                '--bottleneck_dim',
+                129,
+            ],
+            r'^error: --bottleneck_dim 129: must be between 1 and the block size, 128$',
+        ),
+        (
+            [
+                'pretrain',
+                'synthesizer',
+                'wiki.txt',
+                '--writing_params_path',
+                'x.params',
+                '--edition',
+                '2024',
+            ],
+            r"^error: --edition 2024: its 128-long pretraining examples do not fit the synthesizer's 127 positions$",
+        ),
+        (
+            ['evaluate', 'vanilla', 'wiki.txt', '--reading_params_path', 'rope.params', *EVALUATE],
+            r'^error: --reading_params_path rope.params: holds a rope model, but the variant is vanilla$',
+        ),
+        (
+            ['evaluate', 'rope', 'wiki.txt', '--reading_params_path', 'vanilla.params', *EVALUATE],
+            r'^error: --reading_params_path vanilla.params: holds a vanilla model, but the variant is rope$',
+        ),
+        (
+            [
+                'evaluate',
+                'rope',
+                'wiki.txt',
+                '--reading_params_path',
+                'perceiver.params',
+                *EVALUATE,
+            ],
+            r'^error: --reading_params_path perceiver.params: holds a perceiver model, but the variant is rope$',
+        ),
+        (
+            [
+                'evaluate',
+                'perceiver',
+                'wiki.txt',
+                '--reading_params_path',
+                'perceiver.params',
+                *EVALUATE,
+            ],
+            r'^error: --reading_params_path perceiver.params: made with --bottleneck_dim 64, but the flag is 32$',
+        ),
+        (
+            [
+                'finetune',
+                'perceiver',
+                'wiki.txt',
+                '--reading_params_path',
+                'perceiver.params',
+                '--writing_params_path',
+                'x.params',
+                '--finetune_corpus_path',
+                'train.tsv',
+                '--bottleneck_dim',
+                16,
+            ],
+            r'^error: --reading_params_path perceiver.params: made with --bottleneck_dim 64, but the flag is 16$',
+        ),
+    ],
+    ids=lambda a: ' '.join(map(str, a[:2])) + ' ' + str(a[-1]) if isinstance(a, list) else None,
+)
 def test_bad_input_is_one_clear_line(params, capsys, argv, message):
     import re
+
     code = main(*argv, cwd=params)
     err = capsys.readouterr().err
     assert code == 2
@@ -135,22 +295,57 @@ def test_bad_input_is_one_clear_line(params, capsys, argv, message):
 
 def test_reproduce_runs_each_editions_commands(tmp_path):
     def commands(edition):
-        return [' '.join(argv[:2]) + (' ' + ' '.join(argv[argv.index('--bottleneck_dim'):][:2])
-                                      if '--bottleneck_dim' in argv else '')
-                for _, argv, _ in reproduce.phases(str(tmp_path), edition)]
-    assert commands('2021') == ['finetune vanilla', 'evaluate vanilla', 'evaluate vanilla'] + \
-        ['pretrain vanilla', 'finetune vanilla', 'evaluate vanilla', 'evaluate vanilla'] + \
-        ['pretrain synthesizer', 'finetune synthesizer', 'evaluate synthesizer', 'evaluate synthesizer']
-    assert commands('2023')[-4:] == ['pretrain perceiver --bottleneck_dim 64', 'finetune perceiver --bottleneck_dim 64',
-                                     'evaluate perceiver --bottleneck_dim 64', 'evaluate perceiver --bottleneck_dim 64']
-    assert commands('2024')[-4:] == ['pretrain rope', 'finetune rope', 'evaluate rope', 'evaluate rope']
-    assert all(argv[argv.index('--edition') + 1] == '2024' for _, argv, _ in reproduce.phases(str(tmp_path), '2024'))
+        return [
+            ' '.join(argv[:2])
+            + (
+                ' ' + ' '.join(argv[argv.index('--bottleneck_dim') :][:2])
+                if '--bottleneck_dim' in argv
+                else ''
+            )
+            for _, argv, _ in reproduce.phases(str(tmp_path), edition)
+        ]
+
+    assert commands('2021') == ['finetune vanilla', 'evaluate vanilla', 'evaluate vanilla'] + [
+        'pretrain vanilla',
+        'finetune vanilla',
+        'evaluate vanilla',
+        'evaluate vanilla',
+    ] + [
+        'pretrain synthesizer',
+        'finetune synthesizer',
+        'evaluate synthesizer',
+        'evaluate synthesizer',
+    ]
+    assert commands('2023')[-4:] == [
+        'pretrain perceiver --bottleneck_dim 64',
+        'finetune perceiver --bottleneck_dim 64',
+        'evaluate perceiver --bottleneck_dim 64',
+        'evaluate perceiver --bottleneck_dim 64',
+    ]
+    assert commands('2024')[-4:] == [
+        'pretrain rope',
+        'finetune rope',
+        'evaluate rope',
+        'evaluate rope',
+    ]
+    assert all(
+        argv[argv.index('--edition') + 1] == '2024'
+        for _, argv, _ in reproduce.phases(str(tmp_path), '2024')
+    )
 
 
-ROPE_SUBMISSION = ['vanilla.model.params', 'vanilla.nopretrain.dev.predictions', 'vanilla.nopretrain.test.predictions',
-                   'vanilla.finetune.params', 'vanilla.pretrain.dev.predictions', 'vanilla.pretrain.test.predictions',
-                   'rope.finetune.params', 'rope.pretrain.dev.predictions', 'rope.pretrain.test.predictions',
-                   'london_baseline_accuracy.txt']
+ROPE_SUBMISSION = [
+    'vanilla.model.params',
+    'vanilla.nopretrain.dev.predictions',
+    'vanilla.nopretrain.test.predictions',
+    'vanilla.finetune.params',
+    'vanilla.pretrain.dev.predictions',
+    'vanilla.pretrain.test.predictions',
+    'rope.finetune.params',
+    'rope.pretrain.dev.predictions',
+    'rope.pretrain.test.predictions',
+    'london_baseline_accuracy.txt',
+]
 
 
 def test_collect_submission_2024(tmp_path, real_data):
@@ -159,12 +354,23 @@ def test_collect_submission_2024(tmp_path, real_data):
     shutil.copy(ROOT / 'london_baseline.py', tmp_path)
     for name in ROPE_SUBMISSION[:-1]:
         (tmp_path / name).write_text('x')
-    result = subprocess.run(['bash', 'collect_submission.sh', '2024'], cwd=tmp_path, capture_output=True, text=True)
+    result = subprocess.run(
+        ['bash', 'collect_submission.sh', '2024'], cwd=tmp_path, capture_output=True, text=True
+    )
     assert result.returncode != 0 and 'london_baseline_accuracy.txt is missing' in result.stderr
-    result = subprocess.run([run.sys.executable, 'london_baseline.py', str(real_data / 'birth_dev.tsv')],
-                            cwd=tmp_path, capture_output=True, text=True)
-    assert result.returncode == 0 and (tmp_path / 'london_baseline_accuracy.txt').read_text() == '5.0\n'
-    result = subprocess.run(['bash', 'collect_submission.sh', '2024'], cwd=tmp_path, capture_output=True, text=True)
+    result = subprocess.run(
+        [run.sys.executable, 'london_baseline.py', str(real_data / 'birth_dev.tsv')],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        result.returncode == 0
+        and (tmp_path / 'london_baseline_accuracy.txt').read_text() == '5.0\n'
+    )
+    result = subprocess.run(
+        ['bash', 'collect_submission.sh', '2024'], cwd=tmp_path, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     names = set(zipfile.ZipFile(tmp_path / 'assignment4_submission.zip').namelist())
     assert set(ROPE_SUBMISSION) <= names and 'src/attention.py' in names
@@ -173,25 +379,43 @@ def test_collect_submission_2024(tmp_path, real_data):
 
 def test_tensorboard_log_of_a_resumed_run_replaces_the_steps_after_its_state(tmp_path):
     def log(first_step, losses, append):
-        metrics = trainer.MetricsLog(tmp_path / 'm.csv', append=append, tensorboard_dir=tmp_path / 'tb',
-                                     first_step=first_step)
+        metrics = trainer.MetricsLog(
+            tmp_path / 'm.csv',
+            append=append,
+            tensorboard_dir=tmp_path / 'tb',
+            first_step=first_step,
+        )
         for step, loss in enumerate(losses, first_step + 1):
             metrics.add(0, step, torch.tensor(loss), 0.1 * step, 10 * step)
         metrics.flush(1.0)
         metrics.close()
-    log(0, [5.0, 4.0, 3.0, 2.5, 2.0], append=False)  # interrupted after step 5, state saved at step 3
+
+    log(
+        0, [5.0, 4.0, 3.0, 2.5, 2.0], append=False
+    )  # interrupted after step 5, state saved at step 3
     log(3, [2.9, 2.7], append=True)
     scalars = tensorboard_scalars(tmp_path / 'tb')
-    assert scalars['train/loss'] == [(1, 5.0), (2, 4.0), (3, 3.0), (4, pytest.approx(2.9)), (5, pytest.approx(2.7))]
+    assert scalars['train/loss'] == [
+        (1, 5.0),
+        (2, 4.0),
+        (3, 3.0),
+        (4, pytest.approx(2.9)),
+        (5, pytest.approx(2.7)),
+    ]
     assert [s for s, _ in scalars['train/lr']] == [1, 2, 3, 4, 5]
 
 
 def test_2024_span_corruption_examples_are_one_longer():
     import random
+
     import dataset
     from conftest import tiny_corpus
+
     text = tiny_corpus()[0]
-    ours, later = dataset.CharCorruptionDataset(text, 128), dataset.CharCorruptionDataset(text, 128, 129)
+    ours, later = (
+        dataset.CharCorruptionDataset(text, 128),
+        dataset.CharCorruptionDataset(text, 128, 129),
+    )
     for i in range(len(ours)):
         random.seed(i)
         x, y = ours[i]

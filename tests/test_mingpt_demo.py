@@ -78,11 +78,15 @@ def load_notebook():
 
 
 def code_cells():
-    return ["".join(cell["source"]) for cell in load_notebook()["cells"] if cell["cell_type"] == "code"]
+    return [
+        "".join(cell["source"]) for cell in load_notebook()["cells"] if cell["cell_type"] == "code"
+    ]
 
 
 def settings_cell_index(cells):
-    matches = [i for i, src in enumerate(cells) if "n_sample_chars =" in src and "max_chars =" in src]
+    matches = [
+        i for i, src in enumerate(cells) if "n_sample_chars =" in src and "max_chars =" in src
+    ]
     assert len(matches) == 1, "expected exactly one settings cell"
     return matches[0]
 
@@ -158,7 +162,12 @@ def test_notebook_settings_cell_explains_missing_data(tmp_path, monkeypatch):
 
 def test_config_kwargs_become_attributes():
     config = GPTConfig(vocab_size=5, block_size=7, n_layer=3, attn_pdrop=0.0)
-    assert (config.vocab_size, config.block_size, config.n_layer, config.attn_pdrop) == (5, 7, 3, 0.0)
+    assert (config.vocab_size, config.block_size, config.n_layer, config.attn_pdrop) == (
+        5,
+        7,
+        3,
+        0.0,
+    )
     assert config.resid_pdrop == 0.1
     gpt1 = GPT1Config(vocab_size=5, block_size=7)
     assert (gpt1.n_layer, gpt1.n_head, gpt1.n_embd) == (12, 12, 768)
@@ -214,7 +223,9 @@ def test_optimizer_decays_only_linear_weights():
     assert id(model.pos_emb) in no_decay
     assert id(model.tok_emb.weight) in no_decay
     assert id(model.ln_f.weight) in no_decay
-    assert len(decay_group["params"]) + len(no_decay_group["params"]) == len(list(model.parameters()))
+    assert len(decay_group["params"]) + len(no_decay_group["params"]) == len(
+        list(model.parameters())
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,7 +247,9 @@ def test_top_k_logits_keeps_exactly_k():
     assert finite.sum(dim=1).tolist() == [5, 5, 5, 5]
     # the kept entries are the k largest, unchanged
     top = torch.topk(logits, 5).values
-    assert torch.equal(torch.sort(out[finite].view(4, 5), dim=1).values, torch.sort(top, dim=1).values)
+    assert torch.equal(
+        torch.sort(out[finite].view(4, 5), dim=1).values, torch.sort(top, dim=1).values
+    )
     # ties with the k-th value must not let extra entries through
     assert torch.isfinite(top_k_logits(torch.zeros(1, 6), 2)).sum() == 2
 

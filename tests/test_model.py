@@ -1,6 +1,7 @@
 """The model against the handout's equations, computed independently here, and the fast
 paths (packed loss, key/value cache, batched greedy decoding, bf16) against the plain
 ones, for every variant (test_variants.py has the later editions' equations)."""
+
 import math
 
 import pytest
@@ -12,8 +13,12 @@ import model
 import utils
 
 BLOCK = 128
-VARIANTS = {'vanilla': {}, 'synthesizer': dict(synthesizer=True), 'rope': dict(rope=True),
-            'perceiver': dict(perceiver=True, bottleneck_dim=32)}
+VARIANTS = {
+    'vanilla': {},
+    'synthesizer': dict(synthesizer=True),
+    'rope': dict(rope=True),
+    'perceiver': dict(perceiver=True, bottleneck_dim=32),
+}
 SMALL = dict(vocab=40, n_layer=3, n_head=4, n_embd=32)  # the perceiver: down, 1 block, up
 
 
@@ -45,7 +50,11 @@ def test_sharpened_attention_is_sharp():
     x = gpt.blocks[0].ln1(gpt.tok_emb(torch.randint(2, 40, (4, 100))) + gpt.pos_emb[:, :100])
     q = attention._split_heads(att.query(x), 4)  # (B, nh, T, hs)
     k = attention._split_heads(att.key(x), 4)  # (B, nh, T, hs)
-    probs = (q @ k.transpose(-2, -1) / math.sqrt(8)).masked_fill(att.mask[:, :, :100, :100] == 0, float('-inf')).softmax(-1)
+    probs = (
+        (q @ k.transpose(-2, -1) / math.sqrt(8))
+        .masked_fill(att.mask[:, :, :100, :100] == 0, float('-inf'))
+        .softmax(-1)
+    )
     assert probs[:, :, 20:].amax(-1).mean() > 0.5
 
 
@@ -59,8 +68,11 @@ def test_parameter_counts():
 def original_keys(synthesizer, n_layer=4):
     """The state_dict keys of the original starter code."""
     keys = ['pos_emb', 'tok_emb.weight']
-    attn = ['w1.weight', 'w1.bias', 'w2', 'b2', 'value.weight', 'value.bias'] if synthesizer else \
-        ['key.weight', 'key.bias', 'query.weight', 'query.bias', 'value.weight', 'value.bias']
+    attn = (
+        ['w1.weight', 'w1.bias', 'w2', 'b2', 'value.weight', 'value.bias']
+        if synthesizer
+        else ['key.weight', 'key.bias', 'query.weight', 'query.bias', 'value.weight', 'value.bias']
+    )
     for i in range(n_layer):
         b = f'blocks.{i}.'
         keys += [b + k for k in ['ln1.weight', 'ln1.bias', 'ln2.weight', 'ln2.bias']]
@@ -87,7 +99,9 @@ def test_initialisation():
     assert abs(gpt.head.weight.std().item() - 0.02) < 0.002
     assert torch.all(gpt.blocks[0].mlp[0].bias == 0)
     assert torch.all(gpt.ln_f.weight == 1) and torch.all(gpt.ln_f.bias == 0)
-    assert model.GPTConfig(10, 8).attn_pdrop == 0.1 and model.GPTConfig(10, 8, n_layer=3).n_layer == 3
+    assert (
+        model.GPTConfig(10, 8).attn_pdrop == 0.1 and model.GPTConfig(10, 8, n_layer=3).n_layer == 3
+    )
 
 
 def vanilla_reference(att, x):
@@ -102,7 +116,9 @@ def vanilla_reference(att, x):
         K = x @ att.key.weight[cols].T + att.key.bias[cols]
         V = x @ att.value.weight[cols].T + att.value.bias[cols]
         scores = Q @ K.transpose(1, 2) / math.sqrt(hs)
-        scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf'))
+        scores = scores.masked_fill(
+            torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf')
+        )
         heads.append(torch.softmax(scores, dim=-1) @ V)
     return torch.cat(heads, dim=-1) @ att.proj.weight.T + att.proj.bias
 
@@ -117,7 +133,9 @@ def synthesizer_reference(att, x):
         cols = slice(i * hs, (i + 1) * hs)
         hidden = torch.relu(x @ att.w1.weight[cols].T + att.w1.bias[cols])  # (B, T, hs)
         scores = hidden @ att.w2[:, :T] + att.b2[:T]  # (B, T, T)
-        scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf'))
+        scores = scores.masked_fill(
+            torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf')
+        )
         V = x @ att.value.weight[cols].T + att.value.bias[cols]
         heads.append(torch.softmax(scores, dim=-1) @ V)
     return torch.cat(heads, dim=-1) @ att.proj.weight.T + att.proj.bias
@@ -128,16 +146,30 @@ def synthesizer_reference(att, x):
 def test_attention_matches_handout_equations_at_every_length(synthesizer, training):
     """In float64, so any difference is a wrong computation, not rounding; training mode
     (dropout off) takes the written-out path, evaluation scaled_dot_product_attention."""
-    config = model.GPTConfig(50, BLOCK, n_layer=1, n_head=4, n_embd=32, synthesizer=synthesizer,
-                             attn_pdrop=0.0, resid_pdrop=0.0)
+    config = model.GPTConfig(
+        50,
+        BLOCK,
+        n_layer=1,
+        n_head=4,
+        n_embd=32,
+        synthesizer=synthesizer,
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+    )
     torch.manual_seed(0)
-    att = attention.SynthesizerAttention(config) if synthesizer else attention.CausalSelfAttention(config)
+    att = (
+        attention.SynthesizerAttention(config)
+        if synthesizer
+        else attention.CausalSelfAttention(config)
+    )
     sharpen(att).double().train(training)
     reference = synthesizer_reference if synthesizer else vanilla_reference
     x = torch.randn(3, BLOCK - 1, 32, dtype=torch.float64)
     with torch.no_grad():
         for T in range(1, BLOCK):
-            torch.testing.assert_close(att(x[:, :T]), reference(att, x[:, :T]), atol=1e-10, rtol=1e-10)
+            torch.testing.assert_close(
+                att(x[:, :T]), reference(att, x[:, :T]), atol=1e-10, rtol=1e-10
+            )
 
 
 @pytest.mark.parametrize('variant', VARIANTS)
@@ -173,9 +205,9 @@ def ragged_batch(vocab, B=6, T=BLOCK - 1, leading_pad=False, seed=0):
     targets = torch.randint(2, vocab, (B, T), generator=g)
     for b, n in enumerate(torch.randint(3, T, (B,), generator=g).tolist()):
         idx[b, n:] = 0
-        targets[b, n - 1:] = 0
+        targets[b, n - 1 :] = 0
         if leading_pad:
-            targets[b, :n // 3] = 0  # NameDataset: no targets inside the question
+            targets[b, : n // 3] = 0  # NameDataset: no targets inside the question
     return idx, targets
 
 
@@ -203,8 +235,10 @@ def test_packed_loss_of_a_share_of_the_rows():
     _, plain = gpt(idx, targets)
     lengths = model.target_lengths(targets)
     n_targets = int((targets != 0).sum())
-    shares = [gpt.packed_loss(idx[rows], targets[rows], attention.Packing(lengths[rows]), n_targets)
-              for rows in lengths.argsort(descending=True).tensor_split(torch.arange(1, 3))]
+    shares = [
+        gpt.packed_loss(idx[rows], targets[rows], attention.Packing(lengths[rows]), n_targets)
+        for rows in lengths.argsort(descending=True).tensor_split(torch.arange(1, 3))
+    ]
     torch.testing.assert_close(sum(shares), plain, atol=1e-6, rtol=1e-5)
 
 
@@ -217,12 +251,14 @@ def test_packed_loss_at_assignment_size_every_length(variant):
     idx = torch.randint(2, 256, (T, T))
     targets = torch.randint(2, 256, (T, T))
     for b in range(T):  # row b has b+1 targets
-        targets[b, b + 1:] = 0
-        idx[b, b + 1:] = 0
+        targets[b, b + 1 :] = 0
+        idx[b, b + 1 :] = 0
     with torch.no_grad():
         for rows in (slice(0, 1), slice(60, 61), slice(T - 1, T), slice(0, T)):
             _, plain = gpt(idx[rows], targets[rows])
-            torch.testing.assert_close(gpt.packed_loss(idx[rows], targets[rows]), plain, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                gpt.packed_loss(idx[rows], targets[rows]), plain, atol=1e-5, rtol=1e-5
+            )
 
 
 @pytest.mark.parametrize('variant', VARIANTS)
@@ -247,8 +283,10 @@ def test_cached_forward_equals_full_forward(variant):
         cache = gpt.new_cache()
         steps = [gpt(idx[:, :20], cache=cache)[0]]
         for t in range(20, 60):
-            steps.append(gpt(idx[:, t:t + 1], cache=cache)[0])
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-4, rtol=1e-4)  # logits ~ 10: fp32 rounding
+            steps.append(gpt(idx[:, t : t + 1], cache=cache)[0])
+    torch.testing.assert_close(
+        torch.cat(steps, dim=1), full, atol=1e-4, rtol=1e-4
+    )  # logits ~ 10: fp32 rounding
 
 
 @pytest.mark.parametrize('variant', VARIANTS)
@@ -257,13 +295,13 @@ def test_greedy_complete_equals_plain_sampling(variant):
     gpt = make_gpt(variant, **dict(SMALL, vocab=12), sharp=True).eval()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, 12, (n,), generator=g) for n in [5, 9, 5, 17, 9, 9, 40, 1]]
-    plains = [utils.sample(gpt, p[None], 32)[0, len(p):].tolist() for p in prompts]
+    plains = [utils.sample(gpt, p[None], 32)[0, len(p) :].tolist() for p in prompts]
     assert len({tuple(c) for c in plains}) > 4  # the completions do differ
     # a stop token that ends some of the completions early and not others
     stop = min(range(12), key=lambda t: abs(sum(t in c for c in plains) - len(plains) / 2))
     assert 0 < sum(stop in c for c in plains) < len(plains)
     completions = utils.greedy_complete(gpt, prompts, 32, stop, batch_size=2)
-    assert completions == [c[:c.index(stop) + 1] if stop in c else c for c in plains]
+    assert completions == [c[: c.index(stop) + 1] if stop in c else c for c in plains]
 
 
 @pytest.mark.parametrize('variant', VARIANTS)
@@ -283,8 +321,14 @@ def test_packing_round_trip():
     packing = attention.Packing(lengths, groups=3)
     batch = torch.arange(7 * 9).view(7, 9)
     kept = packing.select(batch)
-    assert sorted(kept.tolist()) == [b * 9 + t for b, n in enumerate(lengths.tolist()) for t in range(n)]
+    assert sorted(kept.tolist()) == [
+        b * 9 + t for b, n in enumerate(lengths.tolist()) for t in range(n)
+    ]
     x = torch.randn(len(kept), 5)
     padded = packing.unpack(x)
-    assert [p.shape[:2] for p in padded] == [(2, 7), (2, 5), (2, 2)]  # by length; the empty row dropped
+    assert [p.shape[:2] for p in padded] == [
+        (2, 7),
+        (2, 5),
+        (2, 2),
+    ]  # by length; the empty row dropped
     assert torch.equal(packing.repack(padded), x)

@@ -1,4 +1,5 @@
 """src/reproduce.py: the whole assignment in one command, on a tiny corpus."""
+
 import re
 import shutil
 
@@ -13,25 +14,39 @@ def test_reproduce_everything_then_only_what_is_missing_or_stale(tiny, monkeypat
     Other settings in the same folder (a quick --max_epochs 1 check, then the handout's)
     are refused before any work, naming the file, also for an interrupted phase's state;
     an output whose params have changed since is made again."""
-    for ours, handout in (('train.tsv', 'birth_places_train.tsv'), ('dev.tsv', 'birth_dev.tsv'),
-                          ('test.tsv', 'birth_test_inputs.tsv')):
+    for ours, handout in (
+        ('train.tsv', 'birth_places_train.tsv'),
+        ('dev.tsv', 'birth_dev.tsv'),
+        ('test.tsv', 'birth_test_inputs.tsv'),
+    ):
         shutil.copy(tiny / ours, tiny / handout)
     monkeypatch.chdir(tiny)
     quick = ['--max_epochs', '1', '--outdir', 'out', '--precision', 'fp32', '--device', 'cpu']
     reproduce.main(quick)
     out = capsys.readouterr().out
-    for name in ['vanilla.model.params', 'vanilla.pretrain.params', 'vanilla.finetune.params',
-                 'synthesizer.pretrain.params', 'synthesizer.finetune.params'] + \
-            [f'{m}.{s}.predictions' for m in ('vanilla.nopretrain', 'vanilla.pretrain', 'synthesizer.pretrain')
-             for s in ('dev', 'test')]:
+    for name in [
+        'vanilla.model.params',
+        'vanilla.pretrain.params',
+        'vanilla.finetune.params',
+        'synthesizer.pretrain.params',
+        'synthesizer.finetune.params',
+    ] + [
+        f'{m}.{s}.predictions'
+        for m in ('vanilla.nopretrain', 'vanilla.pretrain', 'synthesizer.pretrain')
+        for s in ('dev', 'test')
+    ]:
         assert (tiny / 'out' / name).exists(), name
     table = (tiny / 'out' / 'results.md').read_text()
     assert 'Machine: ' in table and '--max_epochs 1 for every training phase' in table
     rows = re.findall(r'^\| (.+?) \| (.*?) \| (.*?) \|$', table, re.M)
     assert len(rows) == 1 + 12  # header + the handout's 11 commands + London
     accuracies = {name: acc for name, acc, _ in rows if acc and name != 'phase'}
-    assert set(accuracies) == {'vanilla.nopretrain: evaluate dev', 'vanilla.pretrain: evaluate dev',
-                               'synthesizer.pretrain: evaluate dev', 'London baseline'}
+    assert set(accuracies) == {
+        'vanilla.nopretrain: evaluate dev',
+        'vanilla.pretrain: evaluate dev',
+        'synthesizer.pretrain: evaluate dev',
+        'London baseline',
+    }
     assert all(re.fullmatch(r'\d+\.\d% \(\d+/4\)', a) for a in accuracies.values())
     assert out.count('exists, skipped') == 0
 
@@ -42,17 +57,24 @@ def test_reproduce_everything_then_only_what_is_missing_or_stale(tiny, monkeypat
     assert out.count('exists, skipped') == 9
     assert '== synthesizer: finetune\n' in out and '== synthesizer.pretrain: evaluate dev\n' in out
 
-
     made = {p.name: p.stat().st_mtime_ns for p in (tiny / 'out').iterdir()}
-    with pytest.raises(SystemExit, match=r"^error: out/vanilla.model.params was made with other settings: max_epochs "
-                                         r"1 \(this command: the handout's\)\. Use another --outdir, or delete it"):
+    with pytest.raises(
+        SystemExit,
+        match=r"^error: out/vanilla.model.params was made with other settings: max_epochs "
+        r"1 \(this command: the handout's\)\. Use another --outdir, or delete it",
+    ):
         reproduce.main(quick[2:])
     (tiny / 'out' / 'vanilla.model.params').rename(tiny / 'out' / 'vanilla.model.params.resume')
-    with pytest.raises(SystemExit, match=r"^error: out/vanilla.model.params.resume was made with other settings: "
-                                         r"seed 0 \(this command: 1\)"):
+    with pytest.raises(
+        SystemExit,
+        match=r"^error: out/vanilla.model.params.resume was made with other settings: "
+        r"seed 0 \(this command: 1\)",
+    ):
         reproduce.main(quick + ['--seed', '1'])
     (tiny / 'out' / 'vanilla.model.params.resume').rename(tiny / 'out' / 'vanilla.model.params')
-    assert {p.name: p.stat().st_mtime_ns for p in (tiny / 'out').iterdir()} == made  # nothing touched
+    assert {
+        p.name: p.stat().st_mtime_ns for p in (tiny / 'out').iterdir()
+    } == made  # nothing touched
 
     params = torch.load(tiny / 'out' / 'synthesizer.pretrain.params', weights_only=True)
     params['head.weight'] += 0.01
@@ -60,5 +82,7 @@ def test_reproduce_everything_then_only_what_is_missing_or_stale(tiny, monkeypat
     reproduce.main(quick)
     out = capsys.readouterr().out
     assert out.count('exists, skipped') == 8 and out.count('redone, as its input changed') == 3
-    assert ('== synthesizer: finetune: redone, as its input changed since out/synthesizer.finetune.params '
-            'was made\n') in out
+    assert (
+        '== synthesizer: finetune: redone, as its input changed since out/synthesizer.finetune.params '
+        'was made\n'
+    ) in out

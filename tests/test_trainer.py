@@ -1,9 +1,10 @@
 """The training loop: the original's batches, schedule and optimizer groups; resuming."""
+
 import math
+import os
 import random
 import re
 import signal
-import os
 import subprocess
 import sys
 
@@ -25,8 +26,15 @@ def tiny_setup(tmp_path=None, **overrides):
     ds = dataset.CharCorruptionDataset(text, 32)
     torch.manual_seed(0)
     gpt = model.GPT(model.GPTConfig(ds.vocab_size, 32, n_layer=2, n_head=2, n_embd=32))
-    settings = dict(max_epochs=3, batch_size=8, learning_rate=1e-3, lr_decay=True,
-                    warmup_tokens=8 * 31 * 2, final_tokens=8 * 31 * 12, device='cpu')
+    settings = dict(
+        max_epochs=3,
+        batch_size=8,
+        learning_rate=1e-3,
+        lr_decay=True,
+        warmup_tokens=8 * 31 * 2,
+        final_tokens=8 * 31 * 12,
+        device='cpu',
+    )
     settings.update(overrides)
     return gpt, ds, trainer.TrainerConfig(**settings)
 
@@ -39,9 +47,14 @@ def test_config_defaults():
 
 
 def test_learning_rate_schedule():
-    t = trainer.Trainer(torch.nn.Linear(1, 1), [], None,
-                        trainer.TrainerConfig(learning_rate=1.0, lr_decay=True,
-                                              warmup_tokens=100, final_tokens=1100))
+    t = trainer.Trainer(
+        torch.nn.Linear(1, 1),
+        [],
+        None,
+        trainer.TrainerConfig(
+            learning_rate=1.0, lr_decay=True, warmup_tokens=100, final_tokens=1100
+        ),
+    )
     assert t.lr_at(0) == 0 and t.lr_at(50) == 0.5 and t.lr_at(100) == 1.0
     assert math.isclose(t.lr_at(600), 0.5)  # half way through the cosine
     assert t.lr_at(1100) == 0.1 and t.lr_at(1000) == 0.1  # the 10% floor
@@ -120,14 +133,17 @@ def train_to_end(tmp_path, interrupt_at=None, precision='fp32'):
     if interrupt_at is not None:
         steps_per_epoch = math.ceil(len(ds) / config.batch_size)
         epoch, step = divmod(interrupt_at - 1, steps_per_epoch)
-        with pytest.raises(trainer.TrainingInterrupted, match=f"epoch {epoch + 1}, step {step + 1};"):
+        with pytest.raises(
+            trainer.TrainingInterrupted, match=f"epoch {epoch + 1}, step {step + 1};"
+        ):
             trainer.Trainer(gpt, ds, None, config).train()
         assert (tmp_path / 'state.resume').exists()
         # a new process: fresh model, scrambled random states
         random.seed(123)
         torch.manual_seed(123)
-        gpt, ds, config = tiny_setup(resume_path=str(tmp_path / 'state.resume'), resume=True,
-                                     precision=precision)
+        gpt, ds, config = tiny_setup(
+            resume_path=str(tmp_path / 'state.resume'), resume=True, precision=precision
+        )
     trainer.Trainer(gpt, ds, None, config).train()
     return gpt.state_dict()
 
@@ -191,38 +207,82 @@ def damage_optimizer(state, change):
 DAMAGED_STATES = [
     # (what, state -> what the file holds, expected message after "--resume: PATH")
     ('a list', lambda s: [s], r': not a resumable state \(it holds a list\)$'),
-    ('missing part', lambda s: {k: v for k, v in s.items() if k != 'optimizer'},
-     r": not a resumable state \('optimizer' is nothing\)$"),
-    ('part of the wrong type', lambda s: {**s, 'process_rngs': tuple(s['process_rngs'])},
-     r": not a resumable state \('process_rngs' is a tuple\)$"),
-    ('other settings', lambda s: {**s, 'config': {**s['config'], 'batch_size': 4}},
-     r' was saved by a run with other settings: batch_size 4 \(this run: 8\)\. To continue that run, give it '
-     r'those settings again; to start afresh, leave out --resume \(or delete the file\)$'),
-    ('epoch beyond the run', lambda s: {**s, 'epoch': 99}, r': damaged \(epoch 99, step 1 do not exist in this run\)$'),
-    ('model weight of the wrong shape', lambda s: {**s, 'model': {**s['model'], 'head.weight': torch.zeros(3)}},
-     r": does not fit this run's model \('head.weight' has shape \(3,\), expected \(\d+, 32\)\)$"),
-    ('model weight not a tensor', lambda s: {**s, 'model': {**s['model'], 'head.weight': 0.5}},
-     r": 'head.weight' is a float, not a tensor$"),
+    (
+        'missing part',
+        lambda s: {k: v for k, v in s.items() if k != 'optimizer'},
+        r": not a resumable state \('optimizer' is nothing\)$",
+    ),
+    (
+        'part of the wrong type',
+        lambda s: {**s, 'process_rngs': tuple(s['process_rngs'])},
+        r": not a resumable state \('process_rngs' is a tuple\)$",
+    ),
+    (
+        'other settings',
+        lambda s: {**s, 'config': {**s['config'], 'batch_size': 4}},
+        r' was saved by a run with other settings: batch_size 4 \(this run: 8\)\. To continue that run, give it '
+        r'those settings again; to start afresh, leave out --resume \(or delete the file\)$',
+    ),
+    (
+        'epoch beyond the run',
+        lambda s: {**s, 'epoch': 99},
+        r': damaged \(epoch 99, step 1 do not exist in this run\)$',
+    ),
+    (
+        'model weight of the wrong shape',
+        lambda s: {**s, 'model': {**s['model'], 'head.weight': torch.zeros(3)}},
+        r": does not fit this run's model \('head.weight' has shape \(3,\), expected \(\d+, 32\)\)$",
+    ),
+    (
+        'model weight not a tensor',
+        lambda s: {**s, 'model': {**s['model'], 'head.weight': 0.5}},
+        r": 'head.weight' is a float, not a tensor$",
+    ),
     ('empty model', lambda s: {**s, 'model': {}}, r': the state_dict is empty$'),
-    ('nan model weight', lambda s: {**s, 'model': {**s['model'], 'ln_f.bias': torch.full((32,), float('nan'))}},
-     r": 'ln_f.bias' has 32 non-finite value\(s\)"),
-    ('optimizer moment of the wrong shape',
-     lambda s: damage_optimizer(s, lambda o: o['state'].update({0: {**o['state'][0], 'exp_avg': torch.zeros(3)}})),
-     r': damaged \(optimizer exp_avg of shape \(3,\) for a parameter of shape'),
-    ('optimizer groups', lambda s: damage_optimizer(s, lambda o: o.update(param_groups=o['param_groups'][:1])),
-     r': damaged \(.*parameter groups'),
+    (
+        'nan model weight',
+        lambda s: {**s, 'model': {**s['model'], 'ln_f.bias': torch.full((32,), float('nan'))}},
+        r": 'ln_f.bias' has 32 non-finite value\(s\)",
+    ),
+    (
+        'optimizer moment of the wrong shape',
+        lambda s: damage_optimizer(
+            s, lambda o: o['state'].update({0: {**o['state'][0], 'exp_avg': torch.zeros(3)}})
+        ),
+        r': damaged \(optimizer exp_avg of shape \(3,\) for a parameter of shape',
+    ),
+    (
+        'optimizer groups',
+        lambda s: damage_optimizer(s, lambda o: o.update(param_groups=o['param_groups'][:1])),
+        r': damaged \(.*parameter groups',
+    ),
     ('python random state', lambda s: {**s, 'python_rng': (3, (1, 2), None)}, r': damaged \(.+\)$'),
-    ('numpy random state', lambda s: {**s, 'numpy_rng': ('MT19937', [1, 2], 0, 0, 0.0)}, r': damaged \(.+\)$'),
-    ('torch random state', lambda s: {**s, 'process_rngs': [{**s['process_rngs'][0], 'torch': torch.zeros(3, dtype=torch.uint8)}]},
-     r': damaged \(.+\)$'),
+    (
+        'numpy random state',
+        lambda s: {**s, 'numpy_rng': ('MT19937', [1, 2], 0, 0, 0.0)},
+        r': damaged \(.+\)$',
+    ),
+    (
+        'torch random state',
+        lambda s: {
+            **s,
+            'process_rngs': [{**s['process_rngs'][0], 'torch': torch.zeros(3, dtype=torch.uint8)}],
+        },
+        r': damaged \(.+\)$',
+    ),
     ('random states of fewer processes', lambda s: {**s, 'process_rngs': []}, r': damaged \(.+\)$'),
-    ('an object', lambda s: {**s, 'numpy_rng': np.random.get_state()},
-     r': refused: it holds code or objects \(numpy\.\S+\), .* If you trust the file \(an earlier version '
-     r'of this code wrote it\), convert it in place with: python -c '),
+    (
+        'an object',
+        lambda s: {**s, 'numpy_rng': np.random.get_state()},
+        r': refused: it holds code or objects \(numpy\.\S+\), .* If you trust the file \(an earlier version '
+        r'of this code wrote it\), convert it in place with: python -c ',
+    ),
 ]
 
 
-@pytest.mark.parametrize('what, damage, message', DAMAGED_STATES, ids=[c[0] for c in DAMAGED_STATES])
+@pytest.mark.parametrize(
+    'what, damage, message', DAMAGED_STATES, ids=[c[0] for c in DAMAGED_STATES]
+)
 def test_damaged_resumable_state_is_one_line_before_any_step(tmp_path, what, damage, message):
     torch.save(damage(saved_state(tmp_path)), tmp_path / 'state.resume')
     steps = []
@@ -233,9 +293,16 @@ def test_damaged_resumable_state_is_one_line_before_any_step(tmp_path, what, dam
     assert steps == [] and (tmp_path / 'state.resume').exists()
 
 
-@pytest.mark.parametrize('content, message', [
-    (b'', r'not a resumable state \(the file is empty or cut short\)'),
-    (b'not a state', r'not a resumable state, or a damaged one \(torch.load: UnpicklingError\)')])
+@pytest.mark.parametrize(
+    'content, message',
+    [
+        (b'', r'not a resumable state \(the file is empty or cut short\)'),
+        (
+            b'not a state',
+            r'not a resumable state, or a damaged one \(torch.load: UnpicklingError\)',
+        ),
+    ],
+)
 def test_resumable_state_that_is_no_torch_file(tmp_path, content, message):
     (tmp_path / 'state.resume').write_bytes(content)
     with pytest.raises(utils.UserError, match=r'^--resume: \S+state.resume: ' + message + '$'):
@@ -249,13 +316,18 @@ def test_a_state_saved_before_plain_values_converts_and_resumes_exactly(tmp_path
     expected = resume_to_end(tmp_path).state_dict()
     name, keys, *rest = state['numpy_rng']
     old = {k: v for k, v in state.items() if k not in ('scaler', 'processes', 'process_rngs')}
-    old.update(numpy_rng=(name, np.array(keys, dtype=np.uint32), *rest),
-               torch_rng=state['process_rngs'][0]['torch'], cuda_rng=state['process_rngs'][0]['cuda'])
+    old.update(
+        numpy_rng=(name, np.array(keys, dtype=np.uint32), *rest),
+        torch_rng=state['process_rngs'][0]['torch'],
+        cuda_rng=state['process_rngs'][0]['cuda'],
+    )
     torch.save(old, tmp_path / 'state.resume')
-    with pytest.raises(utils.UserError, match=r'refused: it holds code or objects \(numpy') as raised:
+    with pytest.raises(
+        utils.UserError, match=r'refused: it holds code or objects \(numpy'
+    ) as raised:
         resume_to_end(tmp_path)
     command = str(raised.value).split(' with: ')[1]
-    subprocess.run(sys.executable + command[len('python'):], shell=True, check=True)
+    subprocess.run(sys.executable + command[len('python') :], shell=True, check=True)
     resumed = resume_to_end(tmp_path).state_dict()
     assert all(torch.equal(resumed[k], expected[k]) for k in expected)
 
@@ -264,13 +336,15 @@ def test_fp16_gradient_scaler_skips_overflows_and_resumes_exactly(tmp_path):
     """fp16 autocast with torch.amp.GradScaler, on the CPU: a scale too large for fp16
     makes gradients overflow, those steps are skipped and the scale halves; the scale is
     part of the resumable state, so an interrupted run resumes to the same params."""
+
     def run(interrupt_at=None, resume=False):
         random.seed(0)
-        gpt, ds, config = tiny_setup(resume_path=str(tmp_path / 'state.resume'), precision='fp16',
-                                     resume=resume)
+        gpt, ds, config = tiny_setup(
+            resume_path=str(tmp_path / 'state.resume'), precision='fp16', resume=resume
+        )
         t = trainer.Trainer(gpt, ds, None, config)
         if not resume:
-            t.scaler = torch.amp.GradScaler('cpu', init_scale=2.0 ** 40)
+            t.scaler = torch.amp.GradScaler('cpu', init_scale=2.0**40)
         real, steps = gpt.packed_loss, {'n': 0}
 
         def counting_loss(x, y, *rest):
@@ -284,12 +358,12 @@ def test_fp16_gradient_scaler_skips_overflows_and_resumes_exactly(tmp_path):
         return t, gpt.state_dict()
 
     straight, params = run()
-    assert 0 < straight.scaler.get_scale() < 2.0 ** 36  # several steps overflowed, and were skipped
+    assert 0 < straight.scaler.get_scale() < 2.0**36  # several steps overflowed, and were skipped
     assert all(torch.isfinite(v).all() for v in params.values())
     with pytest.raises(trainer.TrainingInterrupted):
         run(interrupt_at=2)
     saved = torch.load(tmp_path / 'state.resume', weights_only=False)['scaler']
-    assert saved['scale'] == 2.0 ** 38  # two overflowing steps so far
+    assert saved['scale'] == 2.0**38  # two overflowing steps so far
     resumed, resumed_params = run(resume=True)
     assert resumed.scaler.get_scale() == straight.scaler.get_scale()
     for k in params:

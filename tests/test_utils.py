@@ -1,5 +1,8 @@
 """File helpers: atomic saves, UTF-8 reading, data/ lookup, state_dict checks; copies to
 the device; the CPU libraries' settings (cpu_libraries.py)."""
+
+import cpu_libraries
+
 import os
 import re
 import stat
@@ -10,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import cpu_libraries
 import utils
 from conftest import ROOT
 
@@ -53,10 +55,17 @@ def test_bare_names_are_found_in_data(tmp_path, monkeypatch):
 
 def test_check_state_dict_finds_every_non_finite_value_and_only_those():
     expected = {'w': torch.Size([4])}
-    utils.check_state_dict({'w': torch.tensor([3e38, 3e38, -1.0, 0.0])}, expected, 'f', 'm')  # sum overflows
-    utils.check_state_dict({'w': torch.tensor([1, 2, 3, 4])}, expected, 'f', 'm')  # integers are always finite
-    for values, bad in (([float('inf'), float('-inf'), 0, 0], 2), ([0, float('nan'), 0, 0], 1),
-                        ([3e38, 3e38, float('nan'), 0], 1)):
+    utils.check_state_dict(
+        {'w': torch.tensor([3e38, 3e38, -1.0, 0.0])}, expected, 'f', 'm'
+    )  # sum overflows
+    utils.check_state_dict(
+        {'w': torch.tensor([1, 2, 3, 4])}, expected, 'f', 'm'
+    )  # integers are always finite
+    for values, bad in (
+        ([float('inf'), float('-inf'), 0, 0], 2),
+        ([0, float('nan'), 0, 0], 1),
+        ([3e38, 3e38, float('nan'), 0], 1),
+    ):
         with pytest.raises(utils.UserError, match=rf"^f: 'w' has {bad} non-finite value"):
             utils.check_state_dict({'w': torch.tensor(values)}, expected, 'f', 'm')
 
@@ -74,12 +83,15 @@ def test_windows_and_old_mac_line_ends_read_as_the_originals_text_mode(tmp_path)
 
 
 def test_evaluate_places_reads_crlf_files(tmp_path):
-    (tmp_path / 'dev.tsv').write_bytes(b'Where was Ada born?\tLondon\r\nWhere was Max born?\tOslo\r\n')
+    (tmp_path / 'dev.tsv').write_bytes(
+        b'Where was Ada born?\tLondon\r\nWhere was Max born?\tOslo\r\n'
+    )
     assert utils.evaluate_places(str(tmp_path / 'dev.tsv'), ['London', 'Paris']) == (2.0, 1.0)
 
 
-@pytest.mark.parametrize('cuda, mps, expected', [(True, True, 'cuda'), (False, True, 'mps'),
-                                                 (False, False, 'cpu')])
+@pytest.mark.parametrize(
+    'cuda, mps, expected', [(True, True, 'cuda'), (False, True, 'mps'), (False, False, 'cpu')]
+)
 def test_device_is_cuda_else_mps_else_cpu(monkeypatch, cuda, mps, expected):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: cuda)
     monkeypatch.setattr(torch.backends.mps, 'is_available', lambda: mps)
@@ -98,14 +110,24 @@ def test_onednn_kernel_cache_is_capped_unless_the_user_set_it(users_value, expec
     env = {k: v for k, v in os.environ.items() if k != 'ONEDNN_PRIMITIVE_CACHE_CAPACITY'}
     if users_value is not None:
         env['ONEDNN_PRIMITIVE_CACHE_CAPACITY'] = users_value
-    shown = subprocess.run([sys.executable, '-c', 'import os, cpu_libraries; '
-                            'print(os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"])'],
-                           cwd=Path(utils.__file__).parent, env=env, capture_output=True, text=True)
+    shown = subprocess.run(
+        [
+            sys.executable,
+            '-c',
+            'import os, cpu_libraries; print(os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"])',
+        ],
+        cwd=Path(utils.__file__).parent,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert shown.stdout.strip() == expected, shown.stderr
 
 
 @pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="this torch has no MKL")
-@pytest.mark.parametrize('users_value, expected', [(None, 'CNR:AUTO,STRICT Dyn:0'), ('', 'CNR:OFF Dyn:0')])
+@pytest.mark.parametrize(
+    'users_value, expected', [(None, 'CNR:AUTO,STRICT Dyn:0'), ('', 'CNR:OFF Dyn:0')]
+)
 def test_mkl_runs_reproducibly_from_the_command_line(tiny, users_value, expected):
     """run.py sets MKL's reproducible mode and fixed thread count before torch loads MKL
     (MKL_VERBOSE shows what every fp32 matrix product ran with); the user's value wins."""
@@ -113,10 +135,29 @@ def test_mkl_runs_reproducibly_from_the_command_line(tiny, users_value, expected
     env['MKL_VERBOSE'] = '1'
     if users_value is not None:
         env['MKL_CBWR'] = users_value
-    result = subprocess.run([sys.executable, str(ROOT / 'src' / 'run.py'), 'pretrain', 'vanilla', 'wiki.txt',
-                             '--writing_params_path', 'p.params', '--max_epochs', '1', '--batch_size', '16',
-                             '--precision', 'fp32', '--device', 'cpu'],
-                            cwd=tiny, env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / 'src' / 'run.py'),
+            'pretrain',
+            'vanilla',
+            'wiki.txt',
+            '--writing_params_path',
+            'p.params',
+            '--max_epochs',
+            '1',
+            '--batch_size',
+            '16',
+            '--precision',
+            'fp32',
+            '--device',
+            'cpu',
+        ],
+        cwd=tiny,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     calls = [line for line in result.stdout.splitlines() if re.match(r'MKL_VERBOSE [SD]GEMM', line)]
     assert result.returncode == 0 and calls, result.stderr
     assert all(expected in line for line in calls), calls[0]
@@ -138,7 +179,9 @@ def test_copies_to_the_gpu_are_non_blocking_only_from_pinned_memory(monkeypatch)
     plain copy, since a non-blocking one from unpinned memory may read freed memory."""
     copies = []
     monkeypatch.setattr(torch.Tensor, 'pin_memory', lambda t: copies.append('pin') or t)
-    monkeypatch.setattr(torch.Tensor, 'to', lambda t, device, **kw: copies.append((str(device), kw)) or t)
+    monkeypatch.setattr(
+        torch.Tensor, 'to', lambda t, device, **kw: copies.append((str(device), kw)) or t
+    )
     x = torch.arange(3)
     for device in ('cuda', 'mps', 'cpu'):
         utils.to_device(x, device)

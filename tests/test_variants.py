@@ -1,6 +1,7 @@
 """The later editions' variants, RoPE (2024/25) and the perceiver (2023), against direct
 float64 computations of their handouts' equations. test_model.py runs the fast paths
 (packed loss, cached and batched decoding, bf16 autocast) of every variant."""
+
 import math
 
 import pytest
@@ -16,6 +17,7 @@ BLOCK = 128
 
 # --- Direct computations of the handouts' equations, in float64 --------------------------
 
+
 def rotate(x):
     """RoPE on (B, T, d) by the 2024 handout's formula, as complex numbers: the pair
     (x_{2i-1}, x_{2i}) at position t times e^{i t theta_i}, theta_i = 10000^(-2(i-1)/d)."""
@@ -23,7 +25,9 @@ def rotate(x):
     i = torch.arange(1, d // 2 + 1, dtype=torch.float64)
     theta = 10000.0 ** (-2 * (i - 1) / d)  # (d/2,)
     t = torch.arange(T, dtype=torch.float64)[:, None]  # (T, 1)
-    z = torch.complex(x[..., 0::2], x[..., 1::2]) * torch.polar(torch.ones_like(t * theta), t * theta)
+    z = torch.complex(x[..., 0::2], x[..., 1::2]) * torch.polar(
+        torch.ones_like(t * theta), t * theta
+    )
     return torch.stack((z.real, z.imag), dim=-1).flatten(-2)
 
 
@@ -38,14 +42,22 @@ def layer_norm(state, name, x):
 def attend(state, name, x_q, x_kv, n_head, rope=False, probs=None):
     """Per head i: softmax((X_q Q_i)(X_kv K_i)^T / sqrt(d/h), query t sees keys 0..t) (X_kv V_i),
     heads side by side, then the projection."""
-    Q, K, V = linear(state, name + '.query', x_q), linear(state, name + '.key', x_kv), linear(state, name + '.value', x_kv)
+    Q, K, V = (
+        linear(state, name + '.query', x_q),
+        linear(state, name + '.key', x_kv),
+        linear(state, name + '.value', x_kv),
+    )
     hs = Q.size(-1) // n_head
     future = torch.ones(Q.size(1), K.size(1), dtype=torch.bool).triu(1)  # key after the query
     heads = []
     for i in range(n_head):
         cols = slice(i * hs, (i + 1) * hs)
-        q, k = (rotate(Q[..., cols]), rotate(K[..., cols])) if rope else (Q[..., cols], K[..., cols])
-        p = torch.softmax((q @ k.transpose(1, 2) / math.sqrt(hs)).masked_fill(future, float('-inf')), dim=-1)
+        q, k = (
+            (rotate(Q[..., cols]), rotate(K[..., cols])) if rope else (Q[..., cols], K[..., cols])
+        )
+        p = torch.softmax(
+            (q @ k.transpose(1, 2) / math.sqrt(hs)).masked_fill(future, float('-inf')), dim=-1
+        )
         if probs is not None:
             probs.append(p)
         heads.append(p @ V[..., cols])
@@ -70,7 +82,7 @@ def reference_forward(state, idx, n_head, n_layer):
     rope = 'blocks.0.attn.rope_cache' in state
     x = state['tok_emb.weight'][idx]  # (B, T, C)
     if 'pos_emb' in state:
-        x = x + state['pos_emb'][:, :idx.size(1)]
+        x = x + state['pos_emb'][:, : idx.size(1)]
     if 'down_block.C' in state:
         c = state['down_block.C'].expand(idx.size(0), -1, -1)  # (B, m, C)
         y = c + attend(state, 'down_block.attn', layer_norm(state, 'down_block.ln1', c), x, n_head)
@@ -86,6 +98,7 @@ def reference_forward(state, idx, n_head, n_layer):
 
 
 # --- RoPE ---------------------------------------------------------------------------------
+
 
 def test_rotary_cache_is_the_handouts_formula():
     cache = attention.precompute_rotary_emb(32, BLOCK)
@@ -104,10 +117,12 @@ def test_rotary_cache_is_the_handouts_formula():
 def test_rope_scores_depend_on_relative_position_only():
     cache = attention.precompute_rotary_emb(32, BLOCK)
     q, k = torch.randn(32, dtype=torch.float64), torch.randn(32, dtype=torch.float64)
+
     def score(tq, tk):
         rq = attention.apply_rotary_emb(q.expand(1, 1, tq + 1, 32), cache)[0, 0, tq]
         rk = attention.apply_rotary_emb(k.expand(1, 1, tk + 1, 32), cache)[0, 0, tk]
         return (rq @ rk).item()
+
     assert score(10, 3) == pytest.approx(score(110, 103), rel=1e-5)
     assert score(10, 3) != pytest.approx(score(10, 4), rel=1e-3)
 
@@ -122,19 +137,25 @@ def test_self_attention_matches_float64_equations_at_every_length(variant):
     probs = []
     with torch.no_grad():
         for T in range(1, BLOCK):
-            expected = attend(state, 'attn', x[:, :T].double(), x[:, :T].double(), 4, variant == 'rope', probs)
+            expected = attend(
+                state, 'attn', x[:, :T].double(), x[:, :T].double(), 4, variant == 'rope', probs
+            )
             torch.testing.assert_close(att(x[:, :T]).double(), expected, atol=1e-4, rtol=1e-4)
     p = probs[-1]  # (B, T, T) at T = 127
     assert (p.amax(dim=-1) > 0.5).float().mean() > 0.5, 'attention should be sharp here'
     if variant == 'rope':  # the comparison can tell a wrong theta: the starter docstring's sign
-        angles = torch.arange(BLOCK)[:, None] * 10000.0 ** (torch.arange(0, 8, 2) / 8)[None, :]  # (T, hs/2)
+        angles = (
+            torch.arange(BLOCK)[:, None] * 10000.0 ** (torch.arange(0, 8, 2) / 8)[None, :]
+        )  # (T, hs/2)
         att.rope_cache.copy_(torch.stack((angles.cos(), angles.sin()), dim=-1))
         with torch.no_grad():
-            assert not torch.allclose(att(x).double(), attend(state, 'attn', x.double(), x.double(), 4, True),
-                                      atol=1e-2)
+            assert not torch.allclose(
+                att(x).double(), attend(state, 'attn', x.double(), x.double(), 4, True), atol=1e-2
+            )
 
 
 # --- The perceiver ---------------------------------------------------------------------------
+
 
 def test_cross_attention_matches_float64_equations_at_every_length():
     config = model.GPTConfig(50, BLOCK, n_layer=1, n_head=4, n_embd=32)
@@ -146,10 +167,18 @@ def test_cross_attention_matches_float64_equations_at_every_length():
         for T in range(1, BLOCK):
             xt = x[:, :T]
             # down: the basis queries the input; up: the input queries the bottleneck
-            torch.testing.assert_close(att(xt, basis).double(),
-                                       attend(state, 'attn', basis.double(), xt.double(), 4), atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(att(basis, xt).double(),
-                                       attend(state, 'attn', xt.double(), basis.double(), 4), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(
+                att(xt, basis).double(),
+                attend(state, 'attn', basis.double(), xt.double(), 4),
+                atol=1e-4,
+                rtol=1e-4,
+            )
+            torch.testing.assert_close(
+                att(basis, xt).double(),
+                attend(state, 'attn', xt.double(), basis.double(), 4),
+                atol=1e-4,
+                rtol=1e-4,
+            )
 
 
 def test_perceiver_state_dict_names_and_shapes():
@@ -158,24 +187,51 @@ def test_perceiver_state_dict_names_and_shapes():
     assert state['down_block.C'].shape == (1, 32, 256)
     bound = math.sqrt(6 / (32 * 256 + 256))  # xavier_uniform on (1, m, C): fan_in m*C, fan_out C
     assert state['down_block.C'].abs().max() <= bound and state['down_block.C'].std() > bound / 3
-    assert state['blocks.0.attn.mask'].shape == (1, 1, 32, 32)  # the middle blocks span the bottleneck
-    assert {k.split('.')[0] for k in state} == {'pos_emb', 'tok_emb', 'down_block', 'blocks', 'up_block',
-                                               'ln_f', 'head'}
-    assert {k for k in state if k.startswith('blocks.')} == {f'blocks.{i}.{k}' for i in range(2) for k in
-                                                            [k.split('.', 2)[2] for k in state if k.startswith('blocks.0.')]}
+    assert state['blocks.0.attn.mask'].shape == (
+        1,
+        1,
+        32,
+        32,
+    )  # the middle blocks span the bottleneck
+    assert {k.split('.')[0] for k in state} == {
+        'pos_emb',
+        'tok_emb',
+        'down_block',
+        'blocks',
+        'up_block',
+        'ln_f',
+        'head',
+    }
+    assert {k for k in state if k.startswith('blocks.')} == {
+        f'blocks.{i}.{k}'
+        for i in range(2)
+        for k in [k.split('.', 2)[2] for k in state if k.startswith('blocks.0.')]
+    }
     for part in ('down_block', 'up_block'):
         assert {k.split('.', 1)[1] for k in state if k.startswith(part + '.')} >= {
-            'attn.key.weight', 'attn.query.weight', 'attn.value.weight', 'attn.proj.weight', 'attn.mask',
-            'ln1.weight', 'ln2.weight', 'mlp.0.weight', 'mlp.2.weight'}
+            'attn.key.weight',
+            'attn.query.weight',
+            'attn.value.weight',
+            'attn.proj.weight',
+            'attn.mask',
+            'ln1.weight',
+            'ln2.weight',
+            'mlp.0.weight',
+            'mlp.2.weight',
+        }
 
 
 def test_rope_state_dict_names_and_shapes():
     state = make_gpt('rope').state_dict()
     assert 'pos_emb' not in state
     for i in range(4):
-        torch.testing.assert_close(state[f'blocks.{i}.attn.rope_cache'], attention.precompute_rotary_emb(32, BLOCK))
-    assert sum(v.numel() for k, v in state.items() if 'mask' not in k and 'rope_cache' not in k) == \
-        3_323_392 - BLOCK * 256
+        torch.testing.assert_close(
+            state[f'blocks.{i}.attn.rope_cache'], attention.precompute_rotary_emb(32, BLOCK)
+        )
+    assert (
+        sum(v.numel() for k, v in state.items() if 'mask' not in k and 'rope_cache' not in k)
+        == 3_323_392 - BLOCK * 256
+    )
 
 
 @pytest.mark.parametrize('variant', ['rope', 'perceiver'])

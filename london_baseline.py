@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / 'src'))
+import files  # noqa: E402
 import utils  # noqa: E402
 
 ACCURACY_FILE = 'london_baseline_accuracy.txt'
@@ -18,19 +19,19 @@ ACCURACY_FILE = 'london_baseline_accuracy.txt'
 def london_baseline(eval_corpus_path='birth_dev.tsv'):
     """(total, correct) when every prediction is "London"."""
     return utils.evaluate_places(
-        eval_corpus_path, ['London'] * len(utils.read_lines(eval_corpus_path))
+        eval_corpus_path, ['London'] * len(files.read_lines(eval_corpus_path))
     )
 
 
 def write_accuracy(total, correct, path=ACCURACY_FILE):
-    utils.atomic_write(path, lambda f: f.write(f"{correct / total * 100}\n".encode('utf-8')))
+    files.atomic_write(path, lambda f: f.write(f"{correct / total * 100}\n".encode('utf-8')))
 
 
 if __name__ == '__main__':
     path = sys.argv[1] if len(sys.argv) > 1 else 'birth_dev.tsv'
     try:
         total, correct = london_baseline(path)
-    except utils.UserError as e:
+    except files.UserError as e:
         sys.exit(f"error: {e}")
     if total == 0:
         sys.exit(f"error: {path} has no gold places to compare with")

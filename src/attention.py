@@ -12,7 +12,7 @@ Both take, besides x, two optional helpers for speed that never change the resul
   packing  x holds only the positions that matter, as (N, C) rows (see Packing);
            attention alone needs padded (B, T, C) rows, and unpacks for it.
   cache    a dict (one per layer) keeping the keys/values of earlier positions, so that
-           greedy decoding feeds only the newest position (see utils.greedy_complete).
+           greedy decoding feeds only the newest position (see decoding.greedy_complete).
 Their parameter names match the original starter code, so .params files load both ways.
 """
 
@@ -23,59 +23,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from dropout import Dropout
-from utils import to_device
-
-
-class Packing:
-    """The positions of a padded (B, T) batch that can affect the loss: for each row, the
-    positions up to its last target. Attention is causal and PAD targets count for
-    nothing, so the positions after that are dead work. The position-wise layers (about
-    90% of the FLOPs) run on the kept positions only, as (N, C) rows: about half of the
-    batch in pretraining. Attention needs padded rows, so it runs on groups of rows of
-    similar length, each padded only to its own longest row.
-
-    The index arithmetic runs on the CPU, where reading sizes back costs no GPU
-    synchronisation; only the two index tensors are copied to `device`. The sizes are
-    plain ints, so a Packing passes through DistributedDataParallel's input copying as it is."""
-
-    def __init__(self, lengths, groups=8, device='cpu'):
-        lengths = lengths.cpu()  # (B,)
-        self.T = int(lengths.max())  # the batch, trimmed to its longest row
-        order = lengths.argsort(descending=True, stable=True)
-        order = order[lengths[order] > 0]
-        index, slots, self.shapes, start = [], [], [], 0
-        for rows in order.chunk(groups):
-            n = lengths[rows]  # (b,) longest first
-            width = int(n[0])
-            positions = torch.arange(width, device=lengths.device)  # (width,)
-            kept = (positions[None, :] < n[:, None]).flatten().nonzero().squeeze(1)  # (N_g,)
-            index.append((rows[:, None] * self.T + positions[None, :]).flatten()[kept])
-            slots.append(start + kept)
-            self.shapes.append((len(rows), width))
-            start += len(rows) * width
-        self.index = to_device(
-            torch.cat(index), device
-        )  # (N,) where each packed position sits in the (B, T) batch
-        self.slots = to_device(
-            torch.cat(slots), device
-        )  # (N,) where it sits in the groups, laid end to end
-
-    def select(self, x):
-        """(B, T, ...) batch tensor -> (N, ...) kept positions."""
-        return x[:, : self.T].flatten(0, 1).index_select(0, self.index)
-
-    def unpack(self, x):
-        """(N, C) -> one zero-padded (b, width, C) tensor per group. One scatter for all
-        groups: slicing x group by group would cost a full-size zero gradient per slice."""
-        sizes = [b * width for b, width in self.shapes]
-        padded = x.new_zeros(sum(sizes), x.size(-1)).index_copy(0, self.slots, x)
-        return [
-            part.view(b, width, -1) for part, (b, width) in zip(padded.split(sizes), self.shapes)
-        ]
-
-    def repack(self, padded):
-        """The inverse of unpack."""
-        return torch.cat([y.flatten(0, 1) for y in padded]).index_select(0, self.slots)  # (N, C)
+from packing import attend_in_groups
 
 
 def _split_heads(x, n_head):
@@ -96,14 +44,6 @@ def _extend(cache, name, new):
         new = torch.cat((cache[name], new), dim=2)  # (B, nh, past+T, hs)
     cache[name] = new
     return new
-
-
-def _attend_in_groups(attend, packing, *inputs):
-    """attend(*inputs) on padded (B, T, C) inputs; on packed (N, C) ones, group by group."""
-    if packing is None:
-        return attend(*inputs)
-    groups = zip(*(packing.unpack(x) for x in inputs))
-    return packing.repack([attend(*group) for group in groups])
 
 
 def precompute_rotary_emb(dim, max_positions):
@@ -163,7 +103,7 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, packing=None, cache=None):
         q, k, v = self.query(x), self.key(x), self.value(x)  # (B, T, C), or packed (N, C)
-        y = _attend_in_groups(lambda *qkv: self.attend(*qkv, cache=cache), packing, q, k, v)
+        y = attend_in_groups(lambda *qkv: self.attend(*qkv, cache=cache), packing, q, k, v)
         return self.resid_drop(self.proj(y))
 
     def attend(self, q, k, v, cache=None):
@@ -225,7 +165,7 @@ class SynthesizerAttention(nn.Module):
 
     def forward(self, x, packing=None, cache=None):
         hidden, v = F.relu(self.w1(x)), self.value(x)  # (B, T, C), or packed (N, C)
-        y = _attend_in_groups(lambda *av: self.attend(*av, cache=cache), packing, hidden, v)
+        y = attend_in_groups(lambda *av: self.attend(*av, cache=cache), packing, hidden, v)
         return self.resid_drop(self.proj(y))
 
     def attend(self, hidden, v, cache=None):

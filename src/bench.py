@@ -12,7 +12,7 @@ span-corruption examples of wiki.txt, with the same model:
          dropout.Dropout, and the precision run.py picks (--precision auto)
 evaluate: time per birth_dev.tsv question, greedy-decoding 32 characters
   plain  one question at a time, re-running the whole prefix for every character
-  ours   utils.greedy_complete: questions batched by length, key/value cache (the
+  ours   decoding.greedy_complete: questions batched by length, key/value cache (the
          perceiver recomputes the prefix instead), early stop
 Model FLOP/s counts only the work our step does, as a fraction of the measured matmul
 peak of this machine at the same precision (vanilla and rope; model_flops does not count
@@ -23,8 +23,6 @@ import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torc
 
 import argparse
 import math
-import os
-import platform
 import random
 import sys
 import time
@@ -35,8 +33,11 @@ from torch.nn import functional as F
 
 import attention
 import dataset
+import decoding
+import devices
 import dropout
-import model
+import files
+import packing
 import run
 import trainer
 import utils
@@ -64,7 +65,7 @@ class PlainCausalSelfAttention(attention.CausalSelfAttention):
 def make_model(vocab_size, plain, variant='vanilla', bottleneck_dim=32):
     torch.manual_seed(0)
     config = run.model_config(variant, vocab_size, bottleneck_dim)
-    gpt = model.GPT(config)
+    gpt = run.new_model(variant, vocab_size, bottleneck_dim)
     if plain and variant == 'vanilla':
         for block in gpt.blocks:
             fresh = PlainCausalSelfAttention(config)
@@ -130,7 +131,7 @@ def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision
 
         steps.append(step)
     results = dict(zip(('plain', 'ours'), time_steps(steps, steps_per_path, device)))
-    rows = model.target_lengths(y).tolist()  # positions our step computes, per row
+    rows = packing.target_lengths(y).tolist()  # positions our step computes, per row
     return results, rows
 
 
@@ -147,7 +148,7 @@ def bench_evaluate(corpus, params, n_plain, device, variant, bottleneck_dim):
     if params is not None:
         gpt.load_state_dict(params)
     gpt.to(device).eval()
-    questions = utils.read_lines('birth_dev.tsv')
+    questions = files.read_lines('birth_dev.tsv')
     prompts = [run.encode_question(q.split('\t')[0], corpus).ids for q in questions]
     mask = corpus.stoi[corpus.MASK_CHAR]
 
@@ -157,7 +158,7 @@ def bench_evaluate(corpus, params, n_plain, device, variant, bottleneck_dim):
     plain = (time.perf_counter() - start) / n_plain
 
     start = time.perf_counter()
-    utils.greedy_complete(gpt, prompts, run.ANSWER_LENGTH, mask)
+    decoding.greedy_complete(gpt, prompts, run.ANSWER_LENGTH, mask)
     ours = (time.perf_counter() - start) / len(prompts)
     return plain, ours, len(prompts)
 
@@ -177,14 +178,13 @@ def main():
         '--variant', choices=['vanilla', 'synthesizer', 'perceiver', 'rope'], default='vanilla'
     )
     argp.add_argument('--bottleneck_dim', type=int, default=32, help="the perceiver's (default 32)")
-    argp.add_argument('--precision', choices=['auto', 'fp32', 'bf16', 'fp16'], default='auto')
-    argp.add_argument('--device', choices=['auto', 'cuda', 'mps', 'cpu'], default='auto')
+    devices.add_arguments(argp)
     args = argp.parse_args()
 
     try:
-        device = utils.pick_device(args.device)
-        precision = run.training_precision(args.precision, device)
-        corpus = dataset.CharCorruptionDataset(utils.read_text('wiki.txt'), run.BLOCK_SIZE)
+        device = devices.pick_device(args.device)
+        precision = devices.training_precision(args.precision, device)
+        corpus = dataset.CharCorruptionDataset(files.read_text('wiki.txt'), run.BLOCK_SIZE)
         params = (
             run.load_params(
                 args.params, args.variant, corpus.vocab_size, 'wiki.txt', args.bottleneck_dim
@@ -192,16 +192,11 @@ def main():
             if args.params
             else None
         )
-    except utils.UserError as e:
+    except files.UserError as e:
         sys.exit(f"error: {e}")
-    name = (
-        torch.cuda.get_device_name()
-        if device == 'cuda'
-        else platform.processor() or platform.machine()
-    )
     print(
-        f"machine: {name}, {os.cpu_count()} CPUs, torch {torch.__version__} "
-        f"({torch.get_num_threads()} threads); variant {args.variant}; our precision {precision}"
+        f"machine: {devices.describe(device)} ({torch.get_num_threads()} threads); "
+        f"variant {args.variant}; our precision {precision}"
     )
 
     times, rows = bench_pretraining(
@@ -229,7 +224,8 @@ def main():
         peak = matmul_peak(dtype, device)
         print(
             f"  model FLOP/s (ours): {flops / ours / 1e9:.0f} GFLOP/s = "
-            f"{flops / ours / peak:.0%} of this machine's {precision} matmul peak ({peak / 1e9:.0f} GFLOP/s)"
+            f"{flops / ours / peak:.0%} of this machine's {precision} matmul peak "
+            f"({peak / 1e9:.0f} GFLOP/s)"
         )
 
     plain, ours, n = bench_evaluate(

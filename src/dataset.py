@@ -16,7 +16,7 @@ import sys
 import torch
 from torch.utils.data import Dataset
 
-import utils
+import files
 
 PAD_CHAR = "\u25a1"  # id 0: never a target (the loss ignores id 0)
 MASK_CHAR = "\u2047"  # id 1: marks where the masked span was, and where an answer starts and ends
@@ -125,9 +125,9 @@ if __name__ == '__main__':
     )
     args = argp.parse_args()
 
-    corruption_dataset = CharCorruptionDataset(utils.read_text('wiki.txt'), 128)
+    corruption_dataset = CharCorruptionDataset(files.read_text('wiki.txt'), 128)
     if args.dataset_type == 'namedata':
-        dataset = NameDataset(corruption_dataset, utils.read_text('birth_places_train.tsv'))
+        dataset = NameDataset(corruption_dataset, files.read_text('birth_places_train.tsv'))
     else:
         dataset = corruption_dataset
     for idx in range(4):

@@ -17,7 +17,7 @@ import csv
 import os
 import sys
 
-import utils
+import files
 
 
 def read_metrics(path):
@@ -32,11 +32,11 @@ def read_metrics(path):
             int(r['step']): (int(r['epoch']), float(r['loss']), float(r['lr'])) for r in rows
         }
     except OSError as e:
-        raise utils.UserError(f"{path}: cannot read: {e.strerror}")
+        raise files.UserError(f"{path}: cannot read: {e.strerror}")
     except (KeyError, ValueError, TypeError):
-        raise utils.UserError(f"{path}: not a metrics CSV (columns epoch, step, loss, lr, ...)")
+        raise files.UserError(f"{path}: not a metrics CSV (columns epoch, step, loss, lr, ...)")
     if not by_step:
-        raise utils.UserError(f"{path}: no steps recorded")
+        raise files.UserError(f"{path}: no steps recorded")
     steps = sorted(by_step)
     # step s of epoch e means (e-1)*S < s <= e*S for S steps per epoch; the last step of
     # any epoch (the final row, at least, of a finished run) gives S exactly
@@ -114,7 +114,7 @@ def main(argv=None):
         sys.exit("error: plot.py needs matplotlib: pip install matplotlib")
     try:
         plot(args.metrics, args.out)
-    except utils.UserError as e:
+    except files.UserError as e:
         sys.exit(f"error: {e}")
 
 

@@ -23,12 +23,9 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import shlex
 import sys
 import time
-
-import torch
 
 import run
 import trainer
@@ -36,6 +33,9 @@ import utils
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from london_baseline import london_baseline, write_accuracy  # noqa: E402
+
+import devices
+import files
 
 SECOND_VARIANT = {
     '2021': ('synthesizer', []),
@@ -51,7 +51,7 @@ def phases(out, edition='2021'):
     variant, variant_flags = SECOND_VARIANT[edition]
     flags = lambda v: ['--edition', edition] + (variant_flags if v == variant else [])
     data = {
-        name: utils.find_data_file(name)
+        name: files.find_data_file(name)
         for name in ('birth_places_train.tsv', 'birth_dev.tsv', 'birth_test_inputs.tsv')
     }
     path = lambda name: os.path.join(out, name)
@@ -134,7 +134,7 @@ def check_made_with(steps, results, made_with):
                 for key, value in made_with.items()
                 if recorded.get(key) != value
             )
-            raise utils.UserError(
+            raise files.UserError(
                 f"{found[0]} was made with other settings: {differ}. Use another "
                 f"--outdir, or delete it to make it again with these settings"
             )
@@ -163,20 +163,6 @@ def run_phase(argv, output, corpus, overrides, device):
     )
 
 
-def machine(device):
-    if device == 'cuda':
-        return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
-    name = platform.processor() or platform.machine()
-    try:
-        with open('/proc/cpuinfo', encoding='utf-8') as f:
-            name = next(
-                line.split(':', 1)[1].strip() for line in f if line.startswith('model name')
-            )
-    except (OSError, StopIteration):
-        pass
-    return f"{name}, {os.cpu_count()} CPUs{', MPS' if device == 'mps' else ''}, torch {torch.__version__}"
-
-
 def accuracy(total_correct):
     total, correct = total_correct
     return f"{correct / total * 100:.1f}% ({correct:.0f}/{total:.0f})" if total else "n/a"
@@ -186,7 +172,7 @@ def write_table(results, settings, path, device):
     lines = [
         '# Results',
         '',
-        f"Machine: {machine(device)}",
+        f"Machine: {devices.describe(device)}",
         f"Settings: {settings}",
         '',
         '| phase | dev accuracy | time |',
@@ -199,7 +185,7 @@ def write_table(results, settings, path, device):
             else 'earlier run'
         )
         lines.append(f"| {name} | {entry.get('accuracy', '')} | {time_taken} |")
-    utils.atomic_write(path, lambda f: f.write(('\n'.join(lines) + '\n').encode('utf-8')))
+    files.atomic_write(path, lambda f: f.write(('\n'.join(lines) + '\n').encode('utf-8')))
     return '\n'.join(lines)
 
 
@@ -211,8 +197,7 @@ def main(argv=None):
         '--max_epochs', type=run.positive(int), help="cap every training phase at this"
     )
     argp.add_argument('--seed', type=int, default=0)
-    argp.add_argument('--precision', choices=['auto', 'fp32', 'bf16', 'fp16'], default='auto')
-    argp.add_argument('--device', choices=['auto', 'cuda', 'mps', 'cpu'], default='auto')
+    devices.add_arguments(argp)
     argp.add_argument(
         '--edition',
         choices=sorted(SECOND_VARIANT),
@@ -226,13 +211,13 @@ def main(argv=None):
             "pretrain/finetune commands with torchrun (see README)"
         )
     try:
-        device = utils.pick_device(args.device)
-    except utils.UserError as e:
+        device = devices.pick_device(args.device)
+    except files.UserError as e:
         sys.exit(f"error: {e}")
     overrides = ['--seed', str(args.seed), '--precision', args.precision]
     settings = (
         f"the {args.edition} handout's, training precision "
-        f"{run.training_precision(args.precision, device)}, seed {args.seed}"
+        f"{devices.training_precision(args.precision, device)}, seed {args.seed}"
     )
     if args.max_epochs:
         overrides += ['--max_epochs', str(args.max_epochs)]
@@ -245,10 +230,10 @@ def main(argv=None):
         'edition': args.edition,
         'seed': args.seed,
         'max_epochs': args.max_epochs,
-        'precision': run.training_precision(args.precision, device),
+        'precision': devices.training_precision(args.precision, device),
         'pretrain_corpus': os.path.basename(args.pretrain_corpus_path),
     }
-    save_record = lambda: utils.atomic_write(
+    save_record = lambda: files.atomic_write(
         record, lambda f: f.write(json.dumps(results, indent=1).encode('utf-8'))
     )
     try:
@@ -278,7 +263,7 @@ def main(argv=None):
         results['London baseline'] = {'accuracy': accuracy(london), 'seconds': 0}
         if args.edition in ('2024', '2025'):  # their submission holds it
             write_accuracy(*london, os.path.join(args.outdir, 'london_baseline_accuracy.txt'))
-    except utils.UserError as e:
+    except files.UserError as e:
         sys.exit(f"error: {e}")
     except (trainer.TrainingInterrupted, KeyboardInterrupt) as e:
         again = shlex.join(

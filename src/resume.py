@@ -17,7 +17,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-import utils
+import files
+import params_files
 
 # What must match between an interrupted run and the run that resumes it.
 SETTINGS = (
@@ -76,7 +77,7 @@ def save_state(run, epoch, step, optimizer):
     if run.rank > 0:
         return
     state = {
-        'model': utils.cpu_state_dict(run.model),
+        'model': params_files.cpu_state_dict(run.model),
         'optimizer': optimizer.state_dict(),
         'scaler': run.scaler.state_dict(),  # fp16's loss scale; empty otherwise
         'epoch': epoch,
@@ -90,7 +91,7 @@ def save_state(run, epoch, step, optimizer):
         'processes': run.world_size,
         'process_rngs': process_rngs,  # each process's torch random state: its dropout stream
     }
-    utils.atomic_save(state, config.resume_path)
+    files.atomic_save(state, config.resume_path)
 
 
 def load_state(run, optimizer):
@@ -101,15 +102,15 @@ def load_state(run, optimizer):
     if_trusted = (
         "If you trust the file (an earlier version of this code wrote it), convert it "
         "in place with: "
-        + utils.convert_command(UPGRADE_OLD_STATE, config.resume_path, config.resume_path)
+        + files.convert_command(UPGRADE_OLD_STATE, config.resume_path, config.resume_path)
     )
-    state = utils.load_weights_only(config.resume_path, where, 'resumable state', if_trusted)
+    state = files.load_weights_only(config.resume_path, where, 'resumable state', if_trusted)
     if not isinstance(state, dict):
-        raise utils.UserError(f"{where}: not a resumable state (it holds a {type(state).__name__})")
+        raise files.UserError(f"{where}: not a resumable state (it holds a {type(state).__name__})")
     for key, kind in PARTS.items():
         if not isinstance(state.get(key), kind):
             found = 'nothing' if key not in state else f"a {type(state[key]).__name__}"
-            raise utils.UserError(f"{where}: not a resumable state ({key!r} is {found})")
+            raise files.UserError(f"{where}: not a resumable state ({key!r} is {found})")
     saved = {**state['config'], 'examples': state['dataset_len'], 'processes': state['processes']}
     current = {
         **{k: getattr(config, k) for k in SETTINGS},
@@ -120,19 +121,19 @@ def load_state(run, optimizer):
         f"{k} {saved.get(k)} (this run: {v})" for k, v in current.items() if saved.get(k) != v
     ]
     if differ:
-        raise utils.UserError(
+        raise files.UserError(
             f"{where} was saved by a run with other settings: {', '.join(differ)}. "
             f"To continue that run, give it those settings again; to start afresh, "
             f"leave out --resume (or delete the file)"
         )
     steps_per_epoch = math.ceil(len(run.train_dataset) / config.batch_size)
     if not (0 <= state['epoch'] <= config.max_epochs and 0 <= state['step'] <= steps_per_epoch):
-        raise utils.UserError(
+        raise files.UserError(
             f"{where}: damaged (epoch {state['epoch']}, step {state['step']} "
             f"do not exist in this run)"
         )
     shapes = {name: tensor.shape for name, tensor in run.model.state_dict().items()}
-    utils.check_state_dict(state['model'], shapes, where, "this run's model")
+    params_files.check_state_dict(state['model'], shapes, where, "this run's model")
     try:
         optimizer.load_state_dict(state['optimizer'])
         for group in optimizer.param_groups:
@@ -163,7 +164,7 @@ def load_state(run, optimizer):
         OverflowError,
     ) as e:
         detail = str(e).strip().split('\n')[0] or type(e).__name__
-        raise utils.UserError(f"{where}: damaged ({detail})")
+        raise files.UserError(f"{where}: damaged ({detail})")
     run.model.load_state_dict(state['model'])
     run.tokens, run.elapsed = state['tokens'], state['elapsed']
     print(f"resuming from {config.resume_path}: epoch {state['epoch'] + 1}, step {state['step']}")

@@ -27,7 +27,12 @@ from typing import NamedTuple
 import torch
 
 import dataset
+import decoding
+import devices
+import files
 import model
+import params_files
+import perceiver
 import trainer
 import utils
 
@@ -123,21 +128,7 @@ def parse_args(argv=None):
     quick.add_argument(
         '--seed', type=int, default=0, help="seed of every random choice (default 0)"
     )
-    quick.add_argument(
-        '--precision',
-        choices=['auto', 'fp32', 'bf16', 'fp16'],
-        default='auto',
-        help="training arithmetic; auto: bf16 autocast where the hardware has native "
-        "bf16 (NVIDIA GPUs from compute capability 8.0, CPUs with avx512_bf16/amx), "
-        "else fp32. fp16: autocast with a gradient scaler, for older GPUs (T4, V100). "
-        "Evaluation is always fp32.",
-    )
-    quick.add_argument(
-        '--device',
-        choices=['auto', 'cuda', 'mps', 'cpu'],
-        default='auto',
-        help="where to run; auto: CUDA, else Apple's MPS, else the CPU",
-    )
+    devices.add_arguments(quick)
     quick.add_argument(
         '--resume',
         action='store_true',
@@ -185,7 +176,7 @@ def finetune(args):
             )
         )
         phase = 'finetune from pretrained'
-    names = dataset.NameDataset(pretrain_dataset, utils.read_text(args.finetune_corpus_path))
+    names = dataset.NameDataset(pretrain_dataset, files.read_text(args.finetune_corpus_path))
     train(args, phase, gpt, names, pretrain_dataset)
 
 
@@ -203,19 +194,19 @@ def evaluate(args):
             args.bottleneck_dim,
         )
     )
-    gpt.to(utils.pick_device(args.device))
+    gpt.to(devices.pick_device(args.device))
 
-    lines = utils.read_lines(args.eval_corpus_path)
+    lines = files.read_lines(args.eval_corpus_path)
     prompts = [encode_question(line.split('\t')[0], pretrain_dataset) for line in lines]
     warn_about_questions(prompts, args.eval_corpus_path)
     mask_id = pretrain_dataset.stoi[pretrain_dataset.MASK_CHAR]
-    completions = utils.greedy_complete(gpt, [p.ids for p in prompts], ANSWER_LENGTH, mask_id)
+    completions = decoding.greedy_complete(gpt, [p.ids for p in prompts], ANSWER_LENGTH, mask_id)
     # the prediction is what comes between the question's MASK and the next one
     predictions = [
         dataset.decode(ids, pretrain_dataset.itos).split(pretrain_dataset.MASK_CHAR)[0]
         for ids in completions
     ]
-    utils.atomic_write(
+    files.atomic_write(
         args.outputs_path, lambda f: f.write(''.join(p + '\n' for p in predictions).encode('utf-8'))
     )
 
@@ -232,7 +223,7 @@ def evaluate(args):
 
 def load_pretrain_dataset(args):
     return dataset.CharCorruptionDataset(
-        utils.read_text(args.pretrain_corpus_path),
+        files.read_text(args.pretrain_corpus_path),
         BLOCK_SIZE,
         EDITIONS[args.edition]['pretrain_padded_length'],
     )
@@ -240,7 +231,13 @@ def load_pretrain_dataset(args):
 
 def build_model(args, pretrain_dataset):
     utils.set_seed(args.seed)
-    return model.GPT(model_config(args.variant, pretrain_dataset.vocab_size, args.bottleneck_dim))
+    return new_model(args.variant, pretrain_dataset.vocab_size, args.bottleneck_dim)
+
+
+def new_model(variant, vocab_size, bottleneck_dim=32):
+    """A freshly initialised GPT of the variant, at the assignment's size."""
+    config = model_config(variant, vocab_size, bottleneck_dim)
+    return perceiver.PerceiverGPT(config) if variant == 'perceiver' else model.GPT(config)
 
 
 def model_config(variant, vocab_size, bottleneck_dim):
@@ -249,7 +246,6 @@ def model_config(variant, vocab_size, bottleneck_dim):
         BLOCK_SIZE,
         synthesizer=variant == 'synthesizer',
         rope=variant == 'rope',
-        perceiver=variant == 'perceiver',
         bottleneck_dim=bottleneck_dim if variant == 'perceiver' else None,
         **MODEL_SIZE,
     )
@@ -265,7 +261,7 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
         EDITIONS[args.edition]['pretrain_schedule_epochs'] if phase == 'pretrain' else 200
     )
     path = args.writing_params_path
-    device = utils.pick_device(args.device)
+    device = devices.pick_device(args.device)
     if PROCESSES > 1 and not torch.distributed.is_initialized():
         trainer.init_distributed(device)  # first: it picks this process's GPU
     config = trainer.TrainerConfig(
@@ -273,7 +269,7 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
         lr_decay=True,
         warmup_tokens=512 * 20,
         final_tokens=schedule_epochs * len(pretrain_dataset) * BLOCK_SIZE,
-        precision=training_precision(args.precision, device),
+        precision=devices.training_precision(args.precision, device),
         device=device,
         resume_path=path + '.resume',
         resume=args.resume,
@@ -290,12 +286,12 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
         f"lr {settings['learning_rate']:g}, {args.edition} edition settings, "
         f"{sum(p.numel() for p in gpt.parameters()):,} parameters, "
         + f"on {device}, "
-        + PRECISION_NAMES[config.precision]
+        + devices.PRECISION_NAMES[config.precision]
     )
     run = trainer.Trainer(gpt, train_dataset, None, config)
     run.train()
     if run.rank == 0:
-        utils.atomic_save(utils.cpu_state_dict(gpt), path)
+        files.atomic_save(params_files.cpu_state_dict(gpt), path)
         # only now: a run stopped before its params are written can still be resumed
         if os.path.exists(config.resume_path):
             os.remove(config.resume_path)
@@ -314,35 +310,6 @@ def tensorboard_dir(args):
         name += f"_{args.bottleneck_dim}"
     name += f"_pt_lr_{args.pretrain_lr:f}_ft_lr_{args.finetune_lr:f}"
     return os.path.join(os.path.dirname(args.writing_params_path), 'expt', args.function, name)
-
-
-PRECISION_NAMES = {
-    'fp32': "fp32",
-    'bf16': "bf16 autocast (--precision fp32 for the original's fp32)",
-    'fp16': "fp16 autocast with a gradient scaler (--precision fp32 for the original's fp32)",
-}
-
-
-def training_precision(choice, device):
-    """The precision to train in: `choice`, or for auto, bf16 where `device` has it natively."""
-    if choice != 'auto':
-        return choice
-    if device == 'cuda':
-        # native bf16 from Ampere (8.0) on: torch.cuda.is_bf16_supported() also says True on
-        # older GPUs (T4, V100), which emulate it slowly
-        return 'bf16' if torch.cuda.get_device_capability() >= (8, 0) else 'fp32'
-    if device == 'cpu':
-        return 'bf16' if cpu_has_native_bf16() else 'fp32'
-    return 'fp32'  # MPS: bf16 is native only on recent Apple chips, and we have not measured it
-
-
-def cpu_has_native_bf16():
-    try:
-        with open('/proc/cpuinfo', encoding='utf-8') as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return ' avx512_bf16' in flags or ' amx_bf16' in flags
 
 
 def format_seconds(seconds):
@@ -398,11 +365,11 @@ def check_args(args):
     }[args.function]
     for name in needs:
         if not getattr(args, name):
-            raise utils.UserError(f"{args.function} needs --{name}")
+            raise files.UserError(f"{args.function} needs --{name}")
     if args.resume and args.function == 'evaluate':
-        raise utils.UserError("--resume applies to pretrain and finetune only")
+        raise files.UserError("--resume applies to pretrain and finetune only")
     if not 0 < args.bottleneck_dim <= BLOCK_SIZE:
-        raise utils.UserError(
+        raise files.UserError(
             f"--bottleneck_dim {args.bottleneck_dim}: must be between 1 and the "
             f"block size, {BLOCK_SIZE}"
         )
@@ -411,28 +378,28 @@ def check_args(args):
         and args.variant == 'synthesizer'
         and EDITIONS[args.edition]['pretrain_padded_length'] > BLOCK_SIZE
     ):
-        raise utils.UserError(
+        raise files.UserError(
             f"--edition {args.edition}: its {BLOCK_SIZE}-long pretraining examples do not "
             f"fit the synthesizer's {BLOCK_SIZE - 1} positions"
         )
-    device = utils.pick_device(args.device)
+    device = devices.pick_device(args.device)
     if PROCESSES > 1:
         if args.function == 'evaluate':
-            raise utils.UserError("evaluate runs in one process: use python, not torchrun")
+            raise files.UserError("evaluate runs in one process: use python, not torchrun")
         if device == 'mps':
-            raise utils.UserError(
+            raise files.UserError(
                 "torchrun: several processes need CUDA GPUs or the CPU (--device cpu), not MPS"
             )
         if device == 'cuda' and int(os.environ['LOCAL_RANK']) >= torch.cuda.device_count():
-            raise utils.UserError(
+            raise files.UserError(
                 f"torchrun started more processes per node than the "
                 f"{torch.cuda.device_count()} GPUs here (--nproc_per_node)"
             )
-    corpus = utils.read_text(args.pretrain_corpus_path)
+    corpus = files.read_text(args.pretrain_corpus_path)
     for reserved in (dataset.PAD_CHAR, dataset.MASK_CHAR):
         if reserved in corpus:
             line = corpus[: corpus.index(reserved)].count('\n') + 1
-            raise utils.UserError(
+            raise files.UserError(
                 f"{args.pretrain_corpus_path}, line {line}: contains {reserved!r}, "
                 f"which the vocabulary reserves for PAD/MASK"
             )
@@ -452,7 +419,7 @@ def check_args(args):
     output = 'outputs_path' if args.function == 'evaluate' else 'writing_params_path'
     check_writable(getattr(args, output), output)
     if args.resume and not os.path.exists(args.writing_params_path + '.resume'):
-        raise utils.UserError(
+        raise files.UserError(
             f"--resume: no saved state at {args.writing_params_path}.resume "
             f"(it is written when a run is interrupted)"
         )
@@ -461,133 +428,61 @@ def check_args(args):
 def check_tsv(path, vocab, training):
     """Training files: every line "question<TAB>place", fitting the block and the
     vocabulary. Evaluation files: all lines with a place (dev) or none (test)."""
-    lines = utils.read_lines(path)
-    found = utils.find_data_file(path)
+    lines = files.read_lines(path)
+    found = files.find_data_file(path)
     first_tabs = lines[0].count('\t')
     for number, line in enumerate(lines, 1):
         where = f"{found}, line {number}"
         tabs = line.count('\t')
         if training and tabs != 1:
-            raise utils.UserError(
+            raise files.UserError(
                 f"{where}: expected 'question<TAB>place' (exactly one tab), found {tabs} tabs"
             )
         if not training and (tabs > 1 or tabs != first_tabs):
             expected = 'question<TAB>place' if first_tabs else 'a question alone'
-            raise utils.UserError(f"{where}: expected {expected} like line 1, found {tabs} tabs")
+            raise files.UserError(f"{where}: expected {expected} like line 1, found {tabs} tabs")
         if not line.split('\t')[0].strip():
-            raise utils.UserError(f"{where}: empty question")
+            raise files.UserError(f"{where}: empty question")
         if training:
             ascii_line = line.encode('ascii', errors='ignore').decode(
                 'ascii'
             )  # what NameDataset keeps
             missing = sorted(set(ascii_line) - vocab - {'\t'})
             if missing:
-                raise utils.UserError(
+                raise files.UserError(
                     f"{where}: character {missing[0]!r} does not occur in the pretraining corpus"
                 )
             if len(ascii_line) - 1 + 2 > BLOCK_SIZE:
-                raise utils.UserError(
+                raise files.UserError(
                     f"{where}: question and place are {len(ascii_line) - 1} characters; "
                     f"at most {BLOCK_SIZE - 2} fit in the block"
                 )
 
 
-# For a params file refused for holding objects: keep its tensors only (of a pickled model, its state_dict's)
-KEEP_TENSORS = (
-    '{k: v for k, v in getattr(s, "state_dict", lambda: s)().items() if torch.is_tensor(v)}'
-)
-
-
 def load_params(path, variant, vocab_size, corpus_path, bottleneck_dim=32):
-    """The state_dict in `path`, loaded without running anything in the file (tensors and
-    plain values only) and checked to be a `variant` model of MODEL_SIZE for the vocabulary
-    of corpus_path (vocab_size symbols) and, for the perceiver, this bottleneck_dim. Any problem is one UserError line."""
-    where = f"--reading_params_path {path}"
-    if_trusted = (
-        f"If you trust the file, keep only its tensors, in {path}.tensors, with: "
-        + utils.convert_command(KEEP_TENSORS, path, path + '.tensors')
-    )
-    state = utils.load_weights_only(path, where, '.params file', if_trusted)
-    if isinstance(state, dict) and 'optimizer' in state and 'model' in state:
-        raise utils.UserError(
-            f"--reading_params_path {path}: this is an interrupted run's resumable "
-            f"state; continue that run with --resume"
-        )
-    utils.check_tensor_dict(state, where)
-    state = plain_param_names(state)
-    if 'tok_emb.weight' not in state:
-        raise utils.UserError(f"--reading_params_path {path}: not a GPT state_dict")
-    found = params_variant(state)
-    if found != variant:
-        raise utils.UserError(
-            f"--reading_params_path {path}: holds a {found} model, but the variant is {variant}"
-        )
-    embedding = state['tok_emb.weight']  # (vocab_size, n_embd) when it has the right shape
-    if embedding.dim() == 2 and embedding.size(0) != vocab_size:
-        raise utils.UserError(
-            f"--reading_params_path {path}: made for a vocabulary of {embedding.size(0)} "
-            f"symbols, but {corpus_path} gives {vocab_size}"
-        )
-    if (
-        variant == 'perceiver'
-        and state['down_block.C'].dim() == 3
-        and state['down_block.C'].size(1) != bottleneck_dim
-    ):
-        raise utils.UserError(
-            f"--reading_params_path {path}: made with --bottleneck_dim "
-            f"{state['down_block.C'].size(1)}, but the flag is {bottleneck_dim}"
-        )
-    utils.check_state_dict(
-        state,
-        state_shapes(variant, vocab_size, bottleneck_dim),
-        where,
-        f"a {variant} model with {MODEL_SIZE} and block size {BLOCK_SIZE}",
-    )
-    return state
-
-
-def plain_param_names(state):
-    """A state_dict saved from a wrapped model under the plain model's names: DataParallel
-    and DistributedDataParallel prefix every name with 'module.', torch.compile with
-    '_orig_mod.' (also inside the name when a submodule was compiled)."""
-
-    def plain(name):
-        name = name.replace('_orig_mod.', '')
-        while name.startswith('module.'):
-            name = name[len('module.') :]
-        return name
-
-    return {plain(name): value for name, value in state.items()}
+    """The state_dict in `path`, checked to fit a `variant` model of the assignment's size
+    for the vocabulary of corpus_path (vocab_size symbols); see params_files.load_params."""
+    shapes = state_shapes(variant, vocab_size, bottleneck_dim)
+    model_name = f"a {variant} model with {MODEL_SIZE} and block size {BLOCK_SIZE}"
+    return params_files.load_params(path, variant, shapes, corpus_path, model_name)
 
 
 @functools.lru_cache  # check_args and the phase both load the params
 def state_shapes(variant, vocab_size, bottleneck_dim):
-    with torch.random.fork_rng(
-        devices=[]
-    ):  # its initialization must not move the seeded random state
-        gpt = model.GPT(model_config(variant, vocab_size, bottleneck_dim))
+    # its initialisation must not move the seeded random state
+    with torch.random.fork_rng(devices=[]):
+        gpt = new_model(variant, vocab_size, bottleneck_dim)
     return {name: tensor.shape for name, tensor in gpt.state_dict().items()}
-
-
-def params_variant(state):
-    """Which variant a state_dict is, from the names only that variant has."""
-    if 'down_block.C' in state:
-        return 'perceiver'
-    if 'blocks.0.attn.rope_cache' in state or (
-        'pos_emb' not in state and 'blocks.0.attn.key.weight' in state
-    ):
-        return 'rope'
-    return 'synthesizer' if 'blocks.0.attn.w1.weight' in state else 'vanilla'
 
 
 def check_writable(path, flag):
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        raise utils.UserError(f"--{flag} {path}: is a directory")
+        raise files.UserError(f"--{flag} {path}: is a directory")
     if not os.path.isdir(directory):
-        raise utils.UserError(f"--{flag} {path}: directory {directory} does not exist")
+        raise files.UserError(f"--{flag} {path}: directory {directory} does not exist")
     if not os.access(directory, os.W_OK):
-        raise utils.UserError(f"--{flag} {path}: directory {directory} is not writable")
+        raise files.UserError(f"--{flag} {path}: directory {directory} is not writable")
 
 
 def main(argv=None):
@@ -601,7 +496,7 @@ def main(argv=None):
         phases[args.function](args)
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-    except utils.UserError as e:
+    except files.UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except trainer.TrainingInterrupted as e:

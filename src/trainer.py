@@ -26,10 +26,11 @@ import torch.distributed as dist
 import torch.nn as nn
 from tqdm import tqdm
 
-import attention
-import model as gpt_model
+import devices
+import files
+import params_files
 import resume
-import utils
+from packing import Packing, target_lengths
 
 
 class TrainerConfig:
@@ -49,7 +50,7 @@ class TrainerConfig:
     num_workers = 0  # accepted for compatibility: batches are always built in this process
     # additions, all off by default
     precision = 'fp32'  # 'bf16' or 'fp16': autocast the forward pass (fp16 with a gradient scaler)
-    device = 'auto'  # 'cuda', 'mps' or 'cpu'; auto: the first available (utils.pick_device)
+    device = 'auto'  # 'cuda', 'mps' or 'cpu'; auto: the first available (devices.pick_device)
     resume_path = None  # keep a resumable state here: on Ctrl-C/SIGTERM and every minute
     resume = False  # continue from the state in resume_path
     metrics_path = None  # a CSV row per step: epoch, step, loss, lr, tokens, seconds
@@ -78,7 +79,7 @@ class Trainer:
         self.train_dataset = train_dataset
         self.test_dataset = test_dataset
         self.config = config
-        self.device = utils.pick_device(config.device)
+        self.device = devices.pick_device(config.device)
         self.model = self.model.to(self.device)
         self.rank, self.world_size = (
             (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
@@ -101,7 +102,7 @@ class Trainer:
 
     def save_checkpoint(self):
         if self.config.ckpt_path is not None and self.rank == 0:
-            utils.atomic_save(utils.cpu_state_dict(self.model), self.config.ckpt_path)
+            files.atomic_save(params_files.cpu_state_dict(self.model), self.config.ckpt_path)
 
     def lr_at(self, tokens):
         config = self.config
@@ -143,7 +144,7 @@ class Trainer:
         return x, y
 
     def to_device(self, *tensors):
-        return [utils.to_device(t, self.device) for t in tensors]
+        return [devices.to_device(t, self.device) for t in tensors]
 
     def loss(self, x, y):
         """The loss of the CPU batch x, y: the mean over its non-PAD targets, as
@@ -153,9 +154,9 @@ class Trainer:
         every world_size-th row by length (so each gets a similar share of the work),
         sums its rows' losses and divides by the whole batch's count of targets, times
         world_size since DDP averages the processes' gradients."""
-        lengths = gpt_model.target_lengths(y)  # (b,)
+        lengths = target_lengths(y)  # (b,)
         if self.ddp is None:
-            packing = attention.Packing(lengths, device=self.device)
+            packing = Packing(lengths, device=self.device)
             x, y = self.to_device(x, y)
             with self.autocast():
                 return self.model.packed_loss(x, y, packing)
@@ -164,7 +165,7 @@ class Trainer:
         if len(rows) == 0:  # fewer rows than processes: still join the gradient reduction
             rows, share = rows.new_zeros(1), 0.0
         n_targets = int((y != 0).sum()) / self.world_size
-        packing = attention.Packing(lengths[rows], device=self.device)
+        packing = Packing(lengths[rows], device=self.device)
         x, y = self.to_device(x[rows], y[rows])
         with self.autocast():
             return self.ddp(x, y, packing, n_targets) * share

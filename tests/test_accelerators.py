@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 
+import decoding
 import trainer
 import utils
 from test_distributed import csv_losses
@@ -88,7 +89,7 @@ def test_cached_decoding_equals_plain_decoding(device, variant):
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, 12, (n,), generator=g) for n in [5, 9, 5, 17, 9, 40, 1]]
     plains = [utils.sample(gpt, p[None].to(device), 32)[0, len(p) :].tolist() for p in prompts]
-    assert utils.greedy_complete(gpt, prompts, 32, stop_id=-1, batch_size=2) == plains
+    assert decoding.greedy_complete(gpt, prompts, 32, stop_id=-1, batch_size=2) == plains
 
 
 @pytest.mark.parametrize('device', DEVICES)

@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-import attention
 import dataset
 import model
+import packing
 import trainer
 from conftest import ROOT, tiny_corpus
 
@@ -195,7 +195,7 @@ def test_ddp_is_given_the_packing_not_tensors_to_copy_back(tmp_path):
     x, y = t.batch(ds, 0)
     t.loss(x, y)
     (args,) = given
-    assert [type(a) for a in args] == [torch.Tensor, torch.Tensor, attention.Packing, float]
+    assert [type(a) for a in args] == [torch.Tensor, torch.Tensor, packing.Packing, float]
     moved = torch.distributed.utils._recursive_to(args, torch.device('meta'), False)[0]
     assert moved[2] is args[2] and all(
         isinstance(v, int) for v in (args[2].T, *sum(args[2].shapes, ()))

@@ -9,7 +9,7 @@ import zipfile
 import pytest
 import torch
 
-import model
+import params_files
 import reproduce
 import run
 import trainer
@@ -93,7 +93,7 @@ def test_handout_pipeline_with_tensorboard(tiny, capsys, variant, flags, folder)
         in out
     )
     state = torch.load(tiny / f'{variant}.finetune.params', weights_only=True)
-    assert run.params_variant(state) == variant
+    assert params_files.params_variant(state) == variant
     steps = {'pretrain': 3, 'finetune': 1}  # 36 lines of wiki.txt, 12 of train.tsv, batch 16
     for function, n in steps.items():
         scalars = tensorboard_scalars(tiny / 'expt' / function / folder)
@@ -173,7 +173,7 @@ def params(tiny):
     for variant in ('vanilla', 'rope', 'perceiver'):
         torch.manual_seed(0)
         torch.save(
-            model.GPT(run.model_config(variant, ds.vocab_size, 64)).state_dict(),
+            run.new_model(variant, ds.vocab_size, 64).state_dict(),
             tiny / f'{variant}.params',
         )
     return tiny

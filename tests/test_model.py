@@ -1,15 +1,14 @@
 """The model against the handout's equations, computed independently here, and the fast
 paths (packed loss, key/value cache, batched greedy decoding, bf16) against the plain
-ones, for every variant (test_variants.py has the later editions' equations)."""
-
-import math
+ones, for every variant (test_attention.py and test_perceiver.py hold the equations)."""
 
 import pytest
 import torch
 from torch.nn import functional as F
 
-import attention
+import decoding
 import model
+import perceiver
 import utils
 
 BLOCK = 128
@@ -17,7 +16,7 @@ VARIANTS = {
     'vanilla': {},
     'synthesizer': dict(synthesizer=True),
     'rope': dict(rope=True),
-    'perceiver': dict(perceiver=True, bottleneck_dim=32),
+    'perceiver': dict(bottleneck_dim=32),
 }
 SMALL = dict(vocab=40, n_layer=3, n_head=4, n_embd=32)  # the perceiver: down, 1 block, up
 
@@ -26,7 +25,8 @@ def make_gpt(variant, vocab=256, seed=0, sharp=False, **sizes):
     """The assignment's model size unless sizes are given; `sharp`: see sharpen."""
     torch.manual_seed(seed)
     sizes = sizes or dict(n_layer=4, n_head=8, n_embd=256)
-    gpt = model.GPT(model.GPTConfig(vocab, BLOCK, **VARIANTS[variant], **sizes))
+    config = model.GPTConfig(vocab, BLOCK, **VARIANTS[variant], **sizes)
+    gpt = perceiver.PerceiverGPT(config) if variant == 'perceiver' else model.GPT(config)
     return sharpen(gpt) if sharp else gpt
 
 
@@ -42,20 +42,6 @@ def sharpen(module, std=0.5):
             if isinstance(m, torch.nn.LayerNorm):
                 m.weight.add_(1.0)
     return module
-
-
-def test_sharpened_attention_is_sharp():
-    gpt = make_gpt('vanilla', **SMALL, sharp=True).eval()
-    att = gpt.blocks[0].attn
-    x = gpt.blocks[0].ln1(gpt.tok_emb(torch.randint(2, 40, (4, 100))) + gpt.pos_emb[:, :100])
-    q = attention._split_heads(att.query(x), 4)  # (B, nh, T, hs)
-    k = attention._split_heads(att.key(x), 4)  # (B, nh, T, hs)
-    probs = (
-        (q @ k.transpose(-2, -1) / math.sqrt(8))
-        .masked_fill(att.mask[:, :, :100, :100] == 0, float('-inf'))
-        .softmax(-1)
-    )
-    assert probs[:, :, 20:].amax(-1).mean() > 0.5
 
 
 def test_parameter_counts():
@@ -104,74 +90,6 @@ def test_initialisation():
     )
 
 
-def vanilla_reference(att, x):
-    """Handout eq. 9-10, per head, written out."""
-    B, T, C = x.shape
-    h = att.n_head
-    hs = C // h
-    heads = []
-    for i in range(h):
-        cols = slice(i * hs, (i + 1) * hs)
-        Q = x @ att.query.weight[cols].T + att.query.bias[cols]
-        K = x @ att.key.weight[cols].T + att.key.bias[cols]
-        V = x @ att.value.weight[cols].T + att.value.bias[cols]
-        scores = Q @ K.transpose(1, 2) / math.sqrt(hs)
-        scores = scores.masked_fill(
-            torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf')
-        )
-        heads.append(torch.softmax(scores, dim=-1) @ V)
-    return torch.cat(heads, dim=-1) @ att.proj.weight.T + att.proj.bias
-
-
-def synthesizer_reference(att, x):
-    """Handout eq. 11 per head: softmax(ReLU(X A_i + b1) B + b2) (X V_i), causally masked."""
-    B, T, C = x.shape
-    h = att.n_head
-    hs = C // h
-    heads = []
-    for i in range(h):
-        cols = slice(i * hs, (i + 1) * hs)
-        hidden = torch.relu(x @ att.w1.weight[cols].T + att.w1.bias[cols])  # (B, T, hs)
-        scores = hidden @ att.w2[:, :T] + att.b2[:T]  # (B, T, T)
-        scores = scores.masked_fill(
-            torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf')
-        )
-        V = x @ att.value.weight[cols].T + att.value.bias[cols]
-        heads.append(torch.softmax(scores, dim=-1) @ V)
-    return torch.cat(heads, dim=-1) @ att.proj.weight.T + att.proj.bias
-
-
-@pytest.mark.parametrize('synthesizer', [False, True])
-@pytest.mark.parametrize('training', [False, True])
-def test_attention_matches_handout_equations_at_every_length(synthesizer, training):
-    """In float64, so any difference is a wrong computation, not rounding; training mode
-    (dropout off) takes the written-out path, evaluation scaled_dot_product_attention."""
-    config = model.GPTConfig(
-        50,
-        BLOCK,
-        n_layer=1,
-        n_head=4,
-        n_embd=32,
-        synthesizer=synthesizer,
-        attn_pdrop=0.0,
-        resid_pdrop=0.0,
-    )
-    torch.manual_seed(0)
-    att = (
-        attention.SynthesizerAttention(config)
-        if synthesizer
-        else attention.CausalSelfAttention(config)
-    )
-    sharpen(att).double().train(training)
-    reference = synthesizer_reference if synthesizer else vanilla_reference
-    x = torch.randn(3, BLOCK - 1, 32, dtype=torch.float64)
-    with torch.no_grad():
-        for T in range(1, BLOCK):
-            torch.testing.assert_close(
-                att(x[:, :T]), reference(att, x[:, :T]), atol=1e-10, rtol=1e-10
-            )
-
-
 @pytest.mark.parametrize('variant', VARIANTS)
 def test_causal(variant):
     """Changing input s changes outputs s.. and leaves the earlier ones bit for bit (31, 32:
@@ -196,69 +114,6 @@ def test_loss_ignores_pad_targets():
     logits, loss = gpt(idx, targets)
     expected = F.cross_entropy(logits[:, :6].reshape(-1, 30), targets[:, :6].reshape(-1))
     torch.testing.assert_close(loss, expected)
-
-
-def ragged_batch(vocab, B=6, T=BLOCK - 1, leading_pad=False, seed=0):
-    """Rows of different lengths padded with 0, like both datasets make."""
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(2, vocab, (B, T), generator=g)
-    targets = torch.randint(2, vocab, (B, T), generator=g)
-    for b, n in enumerate(torch.randint(3, T, (B,), generator=g).tolist()):
-        idx[b, n:] = 0
-        targets[b, n - 1 :] = 0
-        if leading_pad:
-            targets[b, : n // 3] = 0  # NameDataset: no targets inside the question
-    return idx, targets
-
-
-@pytest.mark.parametrize('variant', VARIANTS)
-@pytest.mark.parametrize('leading_pad', [False, True])
-def test_packed_loss_equals_plain_loss_and_gradients(variant, leading_pad):
-    gpt = make_gpt(variant, **SMALL, sharp=True).eval()
-    idx, targets = ragged_batch(40, leading_pad=leading_pad)
-    _, plain = gpt(idx, targets)
-    plain.backward()
-    plain_grads = {n: p.grad.clone() for n, p in gpt.named_parameters()}
-    gpt.zero_grad()
-    packed = gpt.packed_loss(idx, targets)
-    packed.backward()
-    torch.testing.assert_close(packed, plain, atol=1e-6, rtol=1e-5)
-    for n, p in gpt.named_parameters():
-        torch.testing.assert_close(p.grad, plain_grads[n], atol=1e-5, rtol=1e-4, msg=n)
-
-
-def test_packed_loss_of_a_share_of_the_rows():
-    """What one of several processes computes (Trainer.loss): its rows' summed loss over
-    the whole batch's target count; the shares add up to forward()'s mean."""
-    gpt = make_gpt('vanilla', vocab=40, n_layer=2, n_head=4, n_embd=32).eval()
-    idx, targets = ragged_batch(40, leading_pad=True)
-    _, plain = gpt(idx, targets)
-    lengths = model.target_lengths(targets)
-    n_targets = int((targets != 0).sum())
-    shares = [
-        gpt.packed_loss(idx[rows], targets[rows], attention.Packing(lengths[rows]), n_targets)
-        for rows in lengths.argsort(descending=True).tensor_split(torch.arange(1, 3))
-    ]
-    torch.testing.assert_close(sum(shares), plain, atol=1e-6, rtol=1e-5)
-
-
-@pytest.mark.parametrize('variant', VARIANTS)
-def test_packed_loss_at_assignment_size_every_length(variant):
-    """fp32 eval: same loss as forward() for every row length up to 127 (128 for the
-    2024 edition's examples, which the synthesizer cannot take)."""
-    gpt = make_gpt(variant, sharp=True).eval()
-    T = BLOCK - 1 if variant == 'synthesizer' else BLOCK
-    idx = torch.randint(2, 256, (T, T))
-    targets = torch.randint(2, 256, (T, T))
-    for b in range(T):  # row b has b+1 targets
-        targets[b, b + 1 :] = 0
-        idx[b, b + 1 :] = 0
-    with torch.no_grad():
-        for rows in (slice(0, 1), slice(60, 61), slice(T - 1, T), slice(0, T)):
-            _, plain = gpt(idx[rows], targets[rows])
-            torch.testing.assert_close(
-                gpt.packed_loss(idx[rows], targets[rows]), plain, atol=1e-5, rtol=1e-5
-            )
 
 
 @pytest.mark.parametrize('variant', VARIANTS)
@@ -300,7 +155,7 @@ def test_greedy_complete_equals_plain_sampling(variant):
     # a stop token that ends some of the completions early and not others
     stop = min(range(12), key=lambda t: abs(sum(t in c for c in plains) - len(plains) / 2))
     assert 0 < sum(stop in c for c in plains) < len(plains)
-    completions = utils.greedy_complete(gpt, prompts, 32, stop, batch_size=2)
+    completions = decoding.greedy_complete(gpt, prompts, 32, stop, batch_size=2)
     assert completions == [c[: c.index(stop) + 1] if stop in c else c for c in plains]
 
 
@@ -316,19 +171,14 @@ def test_training_mode_path_equals_eval_path_without_dropout(variant):
     torch.testing.assert_close(fast, plain, atol=1e-6, rtol=1e-5)
 
 
-def test_packing_round_trip():
-    lengths = torch.tensor([3, 0, 7, 1, 7, 5, 2])
-    packing = attention.Packing(lengths, groups=3)
-    batch = torch.arange(7 * 9).view(7, 9)
-    kept = packing.select(batch)
-    assert sorted(kept.tolist()) == [
-        b * 9 + t for b, n in enumerate(lengths.tolist()) for t in range(n)
-    ]
-    x = torch.randn(len(kept), 5)
-    padded = packing.unpack(x)
-    assert [p.shape[:2] for p in padded] == [
-        (2, 7),
-        (2, 5),
-        (2, 2),
-    ]  # by length; the empty row dropped
-    assert torch.equal(packing.repack(padded), x)
+def ragged_batch(vocab, B=6, T=BLOCK - 1, leading_pad=False, seed=0):
+    """Rows of different lengths padded with 0, like both datasets make."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(2, vocab, (B, T), generator=g)
+    targets = torch.randint(2, vocab, (B, T), generator=g)
+    for b, n in enumerate(torch.randint(3, T, (B,), generator=g).tolist()):
+        idx[b, n:] = 0
+        targets[b, n - 1 :] = 0
+        if leading_pad:
+            targets[b, : n // 3] = 0  # NameDataset: no targets inside the question
+    return idx, targets

@@ -4,8 +4,8 @@ import csv
 
 import pytest
 
+import files
 import plot
-import utils
 
 
 def write_metrics(path, rows):
@@ -50,7 +50,7 @@ def test_thinned_metrics_keep_their_epochs(tmp_path):
 )
 def test_bad_metrics_are_one_clear_error(tmp_path, content):
     (tmp_path / 'bad.csv').write_text(content, encoding='utf-8')
-    with pytest.raises(utils.UserError, match='bad.csv'):
+    with pytest.raises(files.UserError, match='bad.csv'):
         plot.read_metrics(tmp_path / 'bad.csv')
 
 

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+import devices
+import files
 import run
 import trainer
 import utils
@@ -287,14 +289,14 @@ def test_params_are_written_before_the_state_is_removed(tiny, monkeypatch, capsy
     ]
     assert main(*args, '--writing_params_path', 'straight.params', cwd=tiny) == 0
     monkeypatch.setattr(trainer.TrainerConfig, 'save_every_s', 0)  # a state after every epoch
-    real_save = utils.atomic_save
+    real_save = files.atomic_save
 
     def interrupted_writing_params(obj, path):
         if str(path).endswith('.params'):
             raise KeyboardInterrupt
         real_save(obj, path)
 
-    monkeypatch.setattr(utils, 'atomic_save', interrupted_writing_params)
+    monkeypatch.setattr(files, 'atomic_save', interrupted_writing_params)
     capsys.readouterr()
     assert main(*args, '--writing_params_path', 'resumed.params', cwd=tiny) == 130
     err = capsys.readouterr().err
@@ -303,7 +305,7 @@ def test_params_are_written_before_the_state_is_removed(tiny, monkeypatch, capsy
         r'from it: python src/run.py pretrain .* --resume$',
         err.strip().splitlines()[-1],
     ), err
-    monkeypatch.setattr(utils, 'atomic_save', real_save)
+    monkeypatch.setattr(files, 'atomic_save', real_save)
     assert main(*args, '--writing_params_path', 'resumed.params', '--resume', cwd=tiny) == 0
     straight = torch.load(tiny / 'straight.params', weights_only=True)
     resumed = torch.load(tiny / 'resumed.params', weights_only=True)
@@ -893,7 +895,6 @@ def test_evaluate_predictions_equal_plain_greedy_decoding(params):
     re-running the prefix for every character, prediction = text between the MASKs."""
     import dataset
     import model
-    import utils
 
     ds = dataset.CharCorruptionDataset((params / 'wiki.txt').read_text(encoding='utf-8'), 128)
     # a model trained for a few steps, so that it does produce MASKs
@@ -1004,10 +1005,10 @@ def test_dataset_views(real_data):
         assert result.returncode == 0, result.stderr
         lines = result.stdout.splitlines()
         assert (
-            sum(l.startswith('x: ') for l in lines) == 4
-            and sum(l.startswith('y: ') for l in lines) == 4
+            sum(line.startswith('x: ') for line in lines) == 4
+            and sum(line.startswith('y: ') for line in lines) == 4
         )
-        assert all(marker in l for l in lines if l.startswith('x: '))
+        assert all(marker in line for line in lines if line.startswith('x: '))
 
 
 NINE = [
@@ -1115,15 +1116,15 @@ def test_dataset_view_runs_without_sigpipe(tiny, monkeypatch, capsys):
     """Windows has no signal.SIGPIPE; `python src/dataset.py namedata` must not need it."""
     import runpy
 
-    import utils
+    import files
 
     shutil.copy(tiny / 'train.tsv', tiny / 'birth_places_train.tsv')
-    monkeypatch.setattr(utils, 'DATA_DIR', tiny)
+    monkeypatch.setattr(files, 'DATA_DIR', tiny)
     monkeypatch.delattr(signal, 'SIGPIPE')
     monkeypatch.setattr(sys, 'argv', ['dataset.py', 'namedata'])
     runpy.run_path(str(ROOT / 'src' / 'dataset.py'), run_name='__main__')
     lines = capsys.readouterr().out.splitlines()
-    assert sum(l.startswith('x: Where was') for l in lines) == 4
+    assert sum(line.startswith('x: Where was') for line in lines) == 4
 
 
 @pytest.mark.parametrize(
@@ -1134,15 +1135,15 @@ def test_auto_precision_is_bf16_only_where_native(monkeypatch, capability, expec
     """P100, V100 and T4 emulate bf16, and torch.cuda.is_bf16_supported() says True there."""
     monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda *a, **k: True)
     monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda *a, **k: capability)
-    assert run.training_precision('auto', 'cuda') == expected
+    assert devices.training_precision('auto', 'cuda') == expected
     assert (
-        run.training_precision('fp16', 'cuda') == 'fp16'
-        and run.training_precision('fp32', 'cuda') == 'fp32'
+        devices.training_precision('fp16', 'cuda') == 'fp16'
+        and devices.training_precision('fp32', 'cuda') == 'fp32'
     )
-    assert run.training_precision('auto', 'mps') == 'fp32'
+    assert devices.training_precision('auto', 'mps') == 'fp32'
     for native in (True, False):
-        monkeypatch.setattr(run, 'cpu_has_native_bf16', lambda: native)
-        assert run.training_precision('auto', 'cpu') == ('bf16' if native else 'fp32')
+        monkeypatch.setattr(devices, 'cpu_has_native_bf16', lambda native=native: native)
+        assert devices.training_precision('auto', 'cpu') == ('bf16' if native else 'fp32')
 
 
 def test_missing_device_is_one_clear_line(tiny, capsys, monkeypatch):

@@ -14,10 +14,10 @@ import torch
 from torch.utils.data import DataLoader
 
 import dataset
+import files
 import model
 import resume
 import trainer
-import utils
 from conftest import tiny_corpus
 
 
@@ -286,7 +286,7 @@ DAMAGED_STATES = [
 def test_damaged_resumable_state_is_one_line_before_any_step(tmp_path, what, damage, message):
     torch.save(damage(saved_state(tmp_path)), tmp_path / 'state.resume')
     steps = []
-    with pytest.raises(utils.UserError) as raised:
+    with pytest.raises(files.UserError) as raised:
         resume_to_end(tmp_path, steps)
     assert len(str(raised.value).splitlines()) == 1, str(raised.value)
     assert re.search(r'^--resume: \S+state.resume' + message, str(raised.value)), str(raised.value)
@@ -305,7 +305,7 @@ def test_damaged_resumable_state_is_one_line_before_any_step(tmp_path, what, dam
 )
 def test_resumable_state_that_is_no_torch_file(tmp_path, content, message):
     (tmp_path / 'state.resume').write_bytes(content)
-    with pytest.raises(utils.UserError, match=r'^--resume: \S+state.resume: ' + message + '$'):
+    with pytest.raises(files.UserError, match=r'^--resume: \S+state.resume: ' + message + '$'):
         resume_to_end(tmp_path)
 
 
@@ -323,7 +323,7 @@ def test_a_state_saved_before_plain_values_converts_and_resumes_exactly(tmp_path
     )
     torch.save(old, tmp_path / 'state.resume')
     with pytest.raises(
-        utils.UserError, match=r'refused: it holds code or objects \(numpy'
+        files.UserError, match=r'refused: it holds code or objects \(numpy'
     ) as raised:
         resume_to_end(tmp_path)
     command = str(raised.value).split(' with: ')[1]

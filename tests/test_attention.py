@@ -1,6 +1,6 @@
-"""The later editions' variants, RoPE (2024/25) and the perceiver (2023), against direct
-float64 computations of their handouts' equations. test_model.py runs the fast paths
-(packed loss, cached and batched decoding, bf16 autocast) of every variant."""
+"""The attention variants against the handouts' equations, computed independently here:
+vanilla and the synthesizer (2021) and RoPE (2024/25). The float64 model built here from a
+state_dict alone serves test_perceiver.py too."""
 
 import math
 
@@ -157,70 +157,6 @@ def test_self_attention_matches_float64_equations_at_every_length(variant):
 # --- The perceiver ---------------------------------------------------------------------------
 
 
-def test_cross_attention_matches_float64_equations_at_every_length():
-    config = model.GPTConfig(50, BLOCK, n_layer=1, n_head=4, n_embd=32)
-    torch.manual_seed(0)
-    att = sharpen(attention.CausalCrossAttention(config), std=0.4).eval()
-    state = {'attn.' + k: v.double() for k, v in att.state_dict().items()}
-    x, basis = torch.randn(3, BLOCK - 1, 32), torch.randn(3, 40, 32)
-    with torch.no_grad():
-        for T in range(1, BLOCK):
-            xt = x[:, :T]
-            # down: the basis queries the input; up: the input queries the bottleneck
-            torch.testing.assert_close(
-                att(xt, basis).double(),
-                attend(state, 'attn', basis.double(), xt.double(), 4),
-                atol=1e-4,
-                rtol=1e-4,
-            )
-            torch.testing.assert_close(
-                att(basis, xt).double(),
-                attend(state, 'attn', xt.double(), basis.double(), 4),
-                atol=1e-4,
-                rtol=1e-4,
-            )
-
-
-def test_perceiver_state_dict_names_and_shapes():
-    gpt = make_gpt('perceiver')
-    state = gpt.state_dict()
-    assert state['down_block.C'].shape == (1, 32, 256)
-    bound = math.sqrt(6 / (32 * 256 + 256))  # xavier_uniform on (1, m, C): fan_in m*C, fan_out C
-    assert state['down_block.C'].abs().max() <= bound and state['down_block.C'].std() > bound / 3
-    assert state['blocks.0.attn.mask'].shape == (
-        1,
-        1,
-        32,
-        32,
-    )  # the middle blocks span the bottleneck
-    assert {k.split('.')[0] for k in state} == {
-        'pos_emb',
-        'tok_emb',
-        'down_block',
-        'blocks',
-        'up_block',
-        'ln_f',
-        'head',
-    }
-    assert {k for k in state if k.startswith('blocks.')} == {
-        f'blocks.{i}.{k}'
-        for i in range(2)
-        for k in [k.split('.', 2)[2] for k in state if k.startswith('blocks.0.')]
-    }
-    for part in ('down_block', 'up_block'):
-        assert {k.split('.', 1)[1] for k in state if k.startswith(part + '.')} >= {
-            'attn.key.weight',
-            'attn.query.weight',
-            'attn.value.weight',
-            'attn.proj.weight',
-            'attn.mask',
-            'ln1.weight',
-            'ln2.weight',
-            'mlp.0.weight',
-            'mlp.2.weight',
-        }
-
-
 def test_rope_state_dict_names_and_shapes():
     state = make_gpt('rope').state_dict()
     assert 'pos_emb' not in state
@@ -234,11 +170,97 @@ def test_rope_state_dict_names_and_shapes():
     )
 
 
-@pytest.mark.parametrize('variant', ['rope', 'perceiver'])
-def test_model_matches_float64_forward_from_its_state_dict(variant):
+def assert_matches_reference_forward(variant):
     gpt = make_gpt(variant, **dict(SMALL, n_layer=4), sharp=True).eval()
     idx = torch.randint(0, 40, (2, BLOCK))
     with torch.no_grad():
         for T in (1, 2, 31, 32, 33, 64, BLOCK):
             expected = reference_forward(gpt.state_dict(), idx[:, :T], n_head=4, n_layer=4)
             torch.testing.assert_close(gpt(idx[:, :T])[0].double(), expected, atol=2e-4, rtol=1e-4)
+
+
+def test_sharpened_attention_is_sharp():
+    gpt = make_gpt('vanilla', **SMALL, sharp=True).eval()
+    att = gpt.blocks[0].attn
+    x = gpt.blocks[0].ln1(gpt.tok_emb(torch.randint(2, 40, (4, 100))) + gpt.pos_emb[:, :100])
+    q = attention._split_heads(att.query(x), 4)  # (B, nh, T, hs)
+    k = attention._split_heads(att.key(x), 4)  # (B, nh, T, hs)
+    probs = (
+        (q @ k.transpose(-2, -1) / math.sqrt(8))
+        .masked_fill(att.mask[:, :, :100, :100] == 0, float('-inf'))
+        .softmax(-1)
+    )
+    assert probs[:, :, 20:].amax(-1).mean() > 0.5
+
+
+def vanilla_reference(att, x):
+    """Handout eq. 9-10, per head, written out."""
+    B, T, C = x.shape
+    h = att.n_head
+    hs = C // h
+    heads = []
+    for i in range(h):
+        cols = slice(i * hs, (i + 1) * hs)
+        Q = x @ att.query.weight[cols].T + att.query.bias[cols]
+        K = x @ att.key.weight[cols].T + att.key.bias[cols]
+        V = x @ att.value.weight[cols].T + att.value.bias[cols]
+        scores = Q @ K.transpose(1, 2) / math.sqrt(hs)
+        scores = scores.masked_fill(
+            torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf')
+        )
+        heads.append(torch.softmax(scores, dim=-1) @ V)
+    return torch.cat(heads, dim=-1) @ att.proj.weight.T + att.proj.bias
+
+
+def synthesizer_reference(att, x):
+    """Handout eq. 11 per head: softmax(ReLU(X A_i + b1) B + b2) (X V_i), causally masked."""
+    B, T, C = x.shape
+    h = att.n_head
+    hs = C // h
+    heads = []
+    for i in range(h):
+        cols = slice(i * hs, (i + 1) * hs)
+        hidden = torch.relu(x @ att.w1.weight[cols].T + att.w1.bias[cols])  # (B, T, hs)
+        scores = hidden @ att.w2[:, :T] + att.b2[:T]  # (B, T, T)
+        scores = scores.masked_fill(
+            torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf')
+        )
+        V = x @ att.value.weight[cols].T + att.value.bias[cols]
+        heads.append(torch.softmax(scores, dim=-1) @ V)
+    return torch.cat(heads, dim=-1) @ att.proj.weight.T + att.proj.bias
+
+
+@pytest.mark.parametrize('synthesizer', [False, True])
+@pytest.mark.parametrize('training', [False, True])
+def test_attention_matches_handout_equations_at_every_length(synthesizer, training):
+    """In float64, so any difference is a wrong computation, not rounding; training mode
+    (dropout off) takes the written-out path, evaluation scaled_dot_product_attention."""
+    config = model.GPTConfig(
+        50,
+        BLOCK,
+        n_layer=1,
+        n_head=4,
+        n_embd=32,
+        synthesizer=synthesizer,
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+    )
+    torch.manual_seed(0)
+    att = (
+        attention.SynthesizerAttention(config)
+        if synthesizer
+        else attention.CausalSelfAttention(config)
+    )
+    sharpen(att).double().train(training)
+    reference = synthesizer_reference if synthesizer else vanilla_reference
+    x = torch.randn(3, BLOCK - 1, 32, dtype=torch.float64)
+    with torch.no_grad():
+        for T in range(1, BLOCK):
+            torch.testing.assert_close(
+                att(x[:, :T]), reference(att, x[:, :T]), atol=1e-10, rtol=1e-10
+            )
+
+
+@pytest.mark.parametrize('variant', ['vanilla', 'rope'])
+def test_model_matches_float64_forward_from_its_state_dict(variant):
+    assert_matches_reference_forward(variant)

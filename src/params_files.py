@@ -1,0 +1,138 @@
+"""Params files: what a .params file must hold before a model loads it. load_params
+reads a state_dict without running anything in the file (load_weights_only),
+accepts the names that wrapped models save (DataParallel, torch.compile), tells the
+variant from the names, and checks the vocabulary, the shapes and that every value is
+finite, each problem a one-line UserError. run.py and resume.py use it; cpu_state_dict
+is what every written params file holds.
+"""
+
+import torch
+
+from files import UserError, convert_command, load_weights_only
+
+# For a params file refused for holding objects: keep its tensors only (of a pickled
+# model, its state_dict's)
+KEEP_TENSORS = (
+    '{k: v for k, v in getattr(s, "state_dict", lambda: s)().items() if torch.is_tensor(v)}'
+)
+
+
+def load_params(path, variant, shapes, corpus_path, model_name):
+    """The state_dict in `path`, loaded without running anything in the file (tensors and
+    plain values only) and checked to be a `variant` model with exactly these `shapes`
+    ({name: torch.Size}, of the model it is for: `model_name`), whose vocabulary is
+    corpus_path's. Any problem is one UserError line."""
+    where = f"--reading_params_path {path}"
+    state = read_state_dict(path, where)
+    found = params_variant(state)
+    if found != variant:
+        raise UserError(f"{where}: holds a {found} model, but the variant is {variant}")
+    embedding = state['tok_emb.weight']  # (vocab_size, n_embd) when it has the right shape
+    vocab_size = shapes['tok_emb.weight'][0]
+    if embedding.dim() == 2 and embedding.size(0) != vocab_size:
+        raise UserError(
+            f"{where}: made for a vocabulary of {embedding.size(0)} "
+            f"symbols, but {corpus_path} gives {vocab_size}"
+        )
+    basis = state.get('down_block.C')  # the perceiver's, (1, bottleneck_dim, n_embd)
+    if basis is not None and basis.dim() == 3 and basis.size(1) != shapes['down_block.C'][1]:
+        raise UserError(
+            f"{where}: made with --bottleneck_dim {basis.size(1)}, "
+            f"but the flag is {shapes['down_block.C'][1]}"
+        )
+    check_state_dict(state, shapes, where, model_name)
+    return state
+
+
+def read_state_dict(path, where):
+    """The GPT state_dict in `path`, under the plain model's names; not yet checked to fit."""
+    if_trusted = (
+        f"If you trust the file, keep only its tensors, in {path}.tensors, with: "
+        + convert_command(KEEP_TENSORS, path, path + '.tensors')
+    )
+    state = load_weights_only(path, where, '.params file', if_trusted)
+    if isinstance(state, dict) and 'optimizer' in state and 'model' in state:
+        raise UserError(
+            f"{where}: this is an interrupted run's resumable state; "
+            f"continue that run with --resume"
+        )
+    check_tensor_dict(state, where)
+    state = plain_param_names(state)
+    if 'tok_emb.weight' not in state:
+        raise UserError(f"{where}: not a GPT state_dict")
+    return state
+
+
+def plain_param_names(state):
+    """A state_dict saved from a wrapped model under the plain model's names: DataParallel
+    and DistributedDataParallel prefix every name with 'module.', torch.compile with
+    '_orig_mod.' (also inside the name when a submodule was compiled)."""
+
+    def plain(name):
+        name = name.replace('_orig_mod.', '')
+        while name.startswith('module.'):
+            name = name[len('module.') :]
+        return name
+
+    return {plain(name): value for name, value in state.items()}
+
+
+def params_variant(state):
+    """Which variant a state_dict is, from the names only that variant has."""
+    if 'down_block.C' in state:
+        return 'perceiver'
+    if 'blocks.0.attn.rope_cache' in state or (
+        'pos_emb' not in state and 'blocks.0.attn.key.weight' in state
+    ):
+        return 'rope'
+    return 'synthesizer' if 'blocks.0.attn.w1.weight' in state else 'vanilla'
+
+
+def cpu_state_dict(model):
+    """The model's state_dict with CPU tensors, so .params files load on any machine."""
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def check_tensor_dict(state, where):
+    """`state` must be a non-empty dict whose values are all tensors."""
+    if not isinstance(state, dict):
+        raise UserError(
+            f"{where}: holds a {type(state).__name__}, not a state_dict (a dict of named tensors)"
+        )
+    if not state:
+        raise UserError(f"{where}: the state_dict is empty")
+    for name, value in state.items():
+        if not torch.is_tensor(value):
+            raise UserError(f"{where}: {name!r} is a {type(value).__name__}, not a tensor")
+
+
+def check_state_dict(state, shapes, where, model_name):
+    """`state` must have exactly the names and shapes in `shapes` ({name: torch.Size}, of the
+    model it is for) and finite values. Non-finite weights are refused rather than warned
+    about: every output they reach is nan, so evaluation would print garbage and training
+    would stop at its first logged loss; and our trainer never saves them (it stops on a
+    non-finite loss and saves nothing after it), so such a file is broken."""
+    check_tensor_dict(state, where)
+    for name, shape in shapes.items():
+        if name not in state:
+            raise UserError(f"{where}: does not fit {model_name} (no {name!r})")
+        if state[name].shape != shape:
+            raise UserError(
+                f"{where}: does not fit {model_name} ({name!r} has shape "
+                f"{tuple(state[name].shape)}, expected {tuple(shape)})"
+            )
+    for name, tensor in state.items():
+        if name not in shapes:
+            raise UserError(f"{where}: does not fit {model_name} (unexpected {name!r})")
+        # any inf or nan makes the sum inf or nan (a sum far cheaper than isfinite on the CPU);
+        # a sum of finite values that overflows is checked element by element
+        if (
+            tensor.is_floating_point()
+            and not torch.isfinite(tensor.sum())
+            and not torch.isfinite(tensor).all()
+        ):
+            bad = tensor.numel() - int(torch.isfinite(tensor).sum())
+            raise UserError(
+                f"{where}: {name!r} has {bad} non-finite value(s) (inf or nan), which "
+                f"turn every output they reach into nan"
+            )

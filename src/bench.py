@@ -149,7 +149,8 @@ def bench_evaluate(corpus, params, n_plain, device, variant, bottleneck_dim):
         gpt.load_state_dict(params)
     gpt.to(device).eval()
     questions = files.read_lines('birth_dev.tsv')
-    prompts = [run.encode_question(q.split('\t')[0], corpus).ids for q in questions]
+    room = run.BLOCK_SIZE - 2 - run.ANSWER_LENGTH
+    prompts = [decoding.encode_question(q.split('\t')[0], corpus, room).ids for q in questions]
     mask = corpus.stoi[corpus.MASK_CHAR]
 
     start = time.perf_counter()

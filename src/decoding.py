@@ -1,11 +1,30 @@
-"""Fast greedy decoding for evaluation: many questions at once, each step feeding only the
-newest character and reusing the cached keys and values of the others. It gives what
-utils.sample gives, the plain minGPT decoder that re-runs the whole prefix for every
-character, up to the answer's closing MASK.
+"""Answering questions fast, for evaluation: many questions at once, each step feeding
+only the newest character and reusing the cached keys and values of the others. It gives
+what utils.sample gives, the plain minGPT decoder that re-runs the whole prefix for every
+character, up to the answer's closing MASK. run.py's evaluate calls answer_questions.
 """
+
+import sys
+from typing import NamedTuple
 
 import torch
 from torch.nn import functional as F
+
+import dataset
+
+
+def answer_questions(model, questions, pretrain_dataset, answer_length, where):
+    """The greedy answer to each question: what the model writes between the question's
+    MASK and the next one, in at most answer_length characters. `where` names the
+    questions' file in warnings."""
+    room = model.get_block_size() - 2 - answer_length  # the synthesizer has block_size-1
+    prompts = [encode_question(q, pretrain_dataset, room) for q in questions]
+    warn_about_questions(prompts, where, room)
+    mask = pretrain_dataset.MASK_CHAR
+    ids = greedy_complete(
+        model, [p.ids for p in prompts], answer_length, pretrain_dataset.stoi[mask]
+    )
+    return [dataset.decode(c, pretrain_dataset.itos).split(mask)[0] for c in ids]
 
 
 @torch.no_grad()
@@ -51,3 +70,38 @@ def _greedy_batch(model, x, steps, stop_id):
     for row in generated.tolist():
         result.append(row[: row.index(stop_id) + 1] if stop_id in row else row)
     return result
+
+
+class Question(NamedTuple):
+    ids: torch.Tensor  # question + MASK, encoded
+    unknown: int  # characters dropped for being outside the vocabulary
+    cut: bool  # whether the question was shortened to fit the context
+
+
+def encode_question(question, pretrain_dataset, room):
+    """question + MASK as ids. Characters outside the vocabulary are dropped, and a question
+    longer than `room` characters keeps only its end (as the original's context cropping
+    would), leaving room for the answer."""
+    stoi = pretrain_dataset.stoi
+    known = [c for c in question if c in stoi]
+    ids = [stoi[c] for c in known[-room:]] + [stoi[pretrain_dataset.MASK_CHAR]]
+    return Question(
+        torch.tensor(ids, dtype=torch.long), len(question) - len(known), len(known) > room
+    )
+
+
+def warn_about_questions(prompts, path, room):
+    unknown = sum(1 for p in prompts if p.unknown)
+    if unknown:
+        print(
+            f"warning: {path}: {unknown} question(s) contain characters outside the vocabulary; "
+            f"those characters were dropped",
+            file=sys.stderr,
+        )
+    cut = sum(1 for p in prompts if p.cut)
+    if cut:
+        print(
+            f"warning: {path}: {cut} question(s) are too long for the context; only their "
+            f"last {room} characters were used",
+            file=sys.stderr,
+        )

@@ -28,14 +28,16 @@ import sys
 import time
 
 import run
-import trainer
 import utils
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from london_baseline import london_baseline, write_accuracy  # noqa: E402
 
 import devices
+import distributed
 import files
+import metrics
+import resume
 
 SECOND_VARIANT = {
     '2021': ('synthesizer', []),
@@ -205,7 +207,7 @@ def main(argv=None):
         help="the handout edition to run (default 2021: vanilla and synthesizer)",
     )
     args = argp.parse_args(argv)
-    if run.PROCESSES > 1:
+    if distributed.PROCESSES > 1:
         sys.exit(
             "error: reproduce.py runs in one process; for several GPUs, run the handout's "
             "pretrain/finetune commands with torchrun (see README)"
@@ -265,13 +267,13 @@ def main(argv=None):
             write_accuracy(*london, os.path.join(args.outdir, 'london_baseline_accuracy.txt'))
     except files.UserError as e:
         sys.exit(f"error: {e}")
-    except (trainer.TrainingInterrupted, KeyboardInterrupt) as e:
+    except (resume.TrainingInterrupted, KeyboardInterrupt) as e:
         again = shlex.join(
             ['python', 'src/reproduce.py'] + (sys.argv[1:] if argv is None else argv)
         )
         print(f"\n{str(e) or 'interrupted'}. To continue: {again}", file=sys.stderr)
         sys.exit(130)
-    except trainer.NonFiniteLoss as e:
+    except metrics.NonFiniteLoss as e:
         sys.exit(f"error: {e}")
     print()
     print(write_table(results, settings, os.path.join(args.outdir, 'results.md'), device))

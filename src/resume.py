@@ -7,11 +7,17 @@ stopped, the schedule's token count, and every random state: Python's and numpy'
 span corruption) and each process's torch state (its dropout masks). It holds tensors and
 plain Python values only, so that it loads with weights_only=True and cannot run code.
 Before anything is restored, load_state checks that the state is this run's: anything
-else is one UserError line, before any step.
+else is one UserError line, before any step. The trainer's Stopper decides when the state
+is saved: at an epoch's end once save_every_s has passed, and when Ctrl-C or SIGTERM asks
+the run to stop.
 """
 
 import math
+import os
 import random
+import signal
+import threading
+import time
 
 import numpy as np
 import torch
@@ -57,6 +63,67 @@ UPGRADE_OLD_STATE = (
     '"scaler": {}, "processes": 1, '
     '"process_rngs": [{"torch": s["torch_rng"], "cuda": s["cuda_rng"]}]}'
 )
+
+
+class TrainingInterrupted(Exception):
+    """Ctrl-C or SIGTERM stopped training after its resumable state was saved."""
+
+
+class Stopper:
+    """When a run (a Trainer) with a resume_path saves its state: at an epoch's end once
+    save_every_s has passed since the last save, and after the step during which Ctrl-C
+    or SIGTERM (a preempted VM) arrived, before it stops with TrainingInterrupted. A second
+    Ctrl-C stops at once, except under torchrun, which passes the terminal's Ctrl-C on to
+    its processes a second time (and kills them itself if they linger). Used as a context
+    manager: the signal handlers are installed for the duration of the training loop."""
+
+    def __init__(self, run, optimizer):
+        self.run, self.optimizer = run, optimizer
+        self.enabled = run.config.resume_path is not None
+        self.signal = None  # the stop signal received, if any
+        self.last_save = time.time()
+        self.handlers = {}
+
+    def __enter__(self):
+        if self.enabled and threading.current_thread() is threading.main_thread():
+            signals = (signal.SIGINT, signal.SIGTERM)
+            self.handlers = {s: signal.signal(s, self.ask_to_stop) for s in signals}
+        return self
+
+    def __exit__(self, *exception):
+        for signum, handler in self.handlers.items():
+            signal.signal(signum, handler)
+
+    def ask_to_stop(self, signum, frame):
+        if self.signal is not None and self.run.ddp is None:
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def after_step(self, epoch, step, logged):
+        """Save and stop if a signal asked to; processes agree where they log."""
+        run = self.run
+        if (logged or run.ddp is None) and run.any_process(self.signal is not None):
+            run.elapsed = time.time() - run.start_time
+            run.log.flush(run.elapsed)
+            save_state(run, epoch, step, self.optimizer)
+            raise TrainingInterrupted(
+                f"interrupted at epoch {epoch + 1}, step {step}; "
+                f"state saved to {run.config.resume_path}"
+            )
+
+    def after_epoch(self, epoch):
+        """Refresh the saved state if save_every_s has passed since the last save."""
+        overdue = time.time() - self.last_save >= self.run.config.save_every_s
+        if self.enabled and self.run.any_process(overdue):
+            save_state(self.run, epoch + 1, 0, self.optimizer)
+            self.last_save = time.time()
+
+    def kept(self):
+        """What a run that stops on an error leaves to continue from."""
+        path = self.run.config.resume_path
+        if path and os.path.exists(path):
+            return f"the last good state is kept in {path}"
+        return "no earlier state had been saved yet"
 
 
 def save_state(run, epoch, step, optimizer):
@@ -176,3 +243,14 @@ def numpy_rng_state():
     list of ints (np.random.set_state takes either)."""
     name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
     return name, keys.tolist(), pos, has_gauss, cached_gaussian
+
+
+def what_is_kept(path, continue_command):
+    """What a run stopped at once (a second Ctrl-C) leaves behind, and how to go on."""
+    if path and os.path.exists(path):
+        saved = time.strftime('%H:%M:%S', time.localtime(os.path.getmtime(path)))
+        return (
+            f"interrupted; {path} keeps the state saved at {saved}. To continue from it: "
+            f"{continue_command}"
+        )
+    return "interrupted; no resumable state was saved"

@@ -21,32 +21,30 @@ import functools
 import os
 import shlex
 import sys
-import time
-from typing import NamedTuple
 
 import torch
 
+import checks
 import dataset
 import decoding
 import devices
+import distributed
 import files
+import metrics
 import model
 import params_files
 import perceiver
+import resume
 import trainer
 import utils
 
 BLOCK_SIZE = 128
 MODEL_SIZE = dict(n_layer=4, n_head=8, n_embd=256)
 ANSWER_LENGTH = 32  # characters decoded after each question
-# question characters that fit before the MASK and the answer (the synthesizer has block_size-1 positions)
-QUESTION_ROOM = BLOCK_SIZE - 1 - 1 - ANSWER_LENGTH
-
-# Under torchrun, how many processes share each batch (each one runs this script).
-PROCESSES = int(os.environ.get('WORLD_SIZE', 1))
 
 # The handout's hyperparameters; --max_epochs, --batch_size override them. The learning
-# rates are the flags --pretrain_lr (6e-3) and --finetune_lr (6e-4), as the later editions name them.
+# rates are the flags --pretrain_lr (6e-3) and --finetune_lr (6e-4), as the later
+# editions name them.
 PHASE_SETTINGS = {
     'pretrain': dict(max_epochs=650, batch_size=128),
     'finetune': dict(max_epochs=75, batch_size=256),
@@ -92,6 +90,15 @@ def parse_args(argv=None):
     argp.add_argument('--finetune_corpus_path', help="Path of the corpus to finetune on")
     argp.add_argument('--eval_corpus_path', help="Path of the corpus to evaluate on")
     argp.add_argument('--outputs_path', help="Path to write one prediction per line to")
+    add_later_editions(argp)
+    add_overrides(argp.add_argument_group("overrides (defaults: the handout's settings)"))
+    args = argp.parse_args(argv)
+    args.edition = args.edition or VARIANT_EDITION[args.variant]
+    return args
+
+
+def add_later_editions(argp):
+    """The flags the 2023 and 2024/25 editions added, and --edition to pick one."""
     argp.add_argument(
         '--bottleneck_dim',
         type=int,
@@ -122,7 +129,9 @@ def parse_args(argv=None):
         + ", ".join(f"{v} {e}" for v, e in VARIANT_EDITION.items())
         + ")",
     )
-    quick = argp.add_argument_group('overrides (defaults: the handout\'s settings)')
+
+
+def add_overrides(quick):
     quick.add_argument('--max_epochs', type=positive(int), help="epochs to train")
     quick.add_argument('--batch_size', type=positive(int), help="examples per step")
     quick.add_argument(
@@ -134,9 +143,6 @@ def parse_args(argv=None):
         action='store_true',
         help="continue an interrupted pretrain/finetune from its saved state",
     )
-    args = argp.parse_args(argv)
-    args.edition = args.edition or VARIANT_EDITION[args.variant]
-    return args
 
 
 def positive(kind):
@@ -166,15 +172,7 @@ def finetune(args):
     gpt = build_model(args, pretrain_dataset)
     phase = 'finetune'
     if args.reading_params_path:
-        gpt.load_state_dict(
-            load_params(
-                args.reading_params_path,
-                args.variant,
-                pretrain_dataset.vocab_size,
-                args.pretrain_corpus_path,
-                args.bottleneck_dim,
-            )
-        )
+        gpt.load_state_dict(read_params(args, pretrain_dataset.vocab_size))
         phase = 'finetune from pretrained'
     names = dataset.NameDataset(pretrain_dataset, files.read_text(args.finetune_corpus_path))
     train(args, phase, gpt, names, pretrain_dataset)
@@ -185,27 +183,13 @@ def evaluate(args):
     prints the accuracy when the file has gold places. Returns (total, correct)."""
     pretrain_dataset = load_pretrain_dataset(args)
     gpt = build_model(args, pretrain_dataset)
-    gpt.load_state_dict(
-        load_params(
-            args.reading_params_path,
-            args.variant,
-            pretrain_dataset.vocab_size,
-            args.pretrain_corpus_path,
-            args.bottleneck_dim,
-        )
-    )
+    gpt.load_state_dict(read_params(args, pretrain_dataset.vocab_size))
     gpt.to(devices.pick_device(args.device))
 
-    lines = files.read_lines(args.eval_corpus_path)
-    prompts = [encode_question(line.split('\t')[0], pretrain_dataset) for line in lines]
-    warn_about_questions(prompts, args.eval_corpus_path)
-    mask_id = pretrain_dataset.stoi[pretrain_dataset.MASK_CHAR]
-    completions = decoding.greedy_complete(gpt, [p.ids for p in prompts], ANSWER_LENGTH, mask_id)
-    # the prediction is what comes between the question's MASK and the next one
-    predictions = [
-        dataset.decode(ids, pretrain_dataset.itos).split(pretrain_dataset.MASK_CHAR)[0]
-        for ids in completions
-    ]
+    questions = [line.split('\t')[0] for line in files.read_lines(args.eval_corpus_path)]
+    predictions = decoding.answer_questions(
+        gpt, questions, pretrain_dataset, ANSWER_LENGTH, args.eval_corpus_path
+    )
     files.atomic_write(
         args.outputs_path, lambda f: f.write(''.join(p + '\n' for p in predictions).encode('utf-8'))
     )
@@ -252,64 +236,61 @@ def model_config(variant, vocab_size, bottleneck_dim):
 
 
 def train(args, phase, gpt, train_dataset, pretrain_dataset):
-    settings = dict(PHASE_SETTINGS[phase])
-    for name in settings:
-        if getattr(args, name) is not None:
-            settings[name] = getattr(args, name)
-    settings['learning_rate'] = args.pretrain_lr if phase == 'pretrain' else args.finetune_lr
-    schedule_epochs = (
-        EDITIONS[args.edition]['pretrain_schedule_epochs'] if phase == 'pretrain' else 200
-    )
-    path = args.writing_params_path
+    """Train gpt on train_dataset with the phase's settings, then write its params."""
     device = devices.pick_device(args.device)
-    if PROCESSES > 1 and not torch.distributed.is_initialized():
-        trainer.init_distributed(device)  # first: it picks this process's GPU
-    config = trainer.TrainerConfig(
-        **settings,
-        lr_decay=True,
-        warmup_tokens=512 * 20,
-        final_tokens=schedule_epochs * len(pretrain_dataset) * BLOCK_SIZE,
-        precision=devices.training_precision(args.precision, device),
-        device=device,
-        resume_path=path + '.resume',
-        resume=args.resume,
-        metrics_path=path + '.metrics.csv',
-        tensorboard_dir=tensorboard_dir(args),
-    )
+    if distributed.PROCESSES > 1 and not torch.distributed.is_initialized():
+        distributed.init_distributed(device)  # first: it picks this process's GPU
+    config = trainer_config(args, phase, len(pretrain_dataset), device)
     if not args.resume and os.path.exists(config.resume_path):
         print(
             f"note: starting afresh; {config.resume_path} (an interrupted run's state) will be "
             f"replaced. Add --resume to continue that run instead."
         )
     print(
-        f"{phase}: {settings['max_epochs']} epochs, batch {settings['batch_size']}, "
-        f"lr {settings['learning_rate']:g}, {args.edition} edition settings, "
+        f"{phase}: {config.max_epochs} epochs, batch {config.batch_size}, "
+        f"lr {config.learning_rate:g}, {args.edition} edition settings, "
         f"{sum(p.numel() for p in gpt.parameters()):,} parameters, "
-        + f"on {device}, "
-        + devices.PRECISION_NAMES[config.precision]
+        f"on {device}, {devices.PRECISION_NAMES[config.precision]}"
     )
     run = trainer.Trainer(gpt, train_dataset, None, config)
     run.train()
+    path = args.writing_params_path
     if run.rank == 0:
         files.atomic_save(params_files.cpu_state_dict(gpt), path)
         # only now: a run stopped before its params are written can still be resumed
         if os.path.exists(config.resume_path):
             os.remove(config.resume_path)
     seconds = run.elapsed - run.resumed_elapsed  # this process's share of a resumed run
+    T = getattr(train_dataset, 'padded_length', BLOCK_SIZE) - 1
     print(
         f"{phase} done: {run.steps_run} steps in {format_seconds(seconds)} "
-        f"({run.tokens_per_s(run.steps_run, getattr(train_dataset, 'padded_length', BLOCK_SIZE) - 1):,.0f} tokens/s), final loss {run.final_loss:.4f}; params written to {path}"
+        f"({run.tokens_per_s(run.steps_run, T):,.0f} tokens/s), "
+        f"final loss {run.final_loss:.4f}; params written to {path}"
     )
 
 
-def tensorboard_dir(args):
-    """The later editions' TensorBoard folder, expt/{function}/{name}, under the folder of
-    the written params (the current folder for the handouts' commands)."""
-    name = f"{args.tb_expt_name}_{args.variant}"
-    if args.variant == 'perceiver' or args.edition == '2023':  # the 2023 starter's name has it
-        name += f"_{args.bottleneck_dim}"
-    name += f"_pt_lr_{args.pretrain_lr:f}_ft_lr_{args.finetune_lr:f}"
-    return os.path.join(os.path.dirname(args.writing_params_path), 'expt', args.function, name)
+def trainer_config(args, phase, corpus_lines, device):
+    """The phase's TrainerConfig: the handout's settings, with the flags' overrides."""
+    settings = dict(PHASE_SETTINGS[phase])
+    for name in settings:
+        if getattr(args, name) is not None:
+            settings[name] = getattr(args, name)
+    pretraining = phase == 'pretrain'
+    schedule_epochs = EDITIONS[args.edition]['pretrain_schedule_epochs'] if pretraining else 200
+    path = args.writing_params_path
+    return trainer.TrainerConfig(
+        **settings,
+        learning_rate=args.pretrain_lr if pretraining else args.finetune_lr,
+        lr_decay=True,
+        warmup_tokens=512 * 20,
+        final_tokens=schedule_epochs * corpus_lines * BLOCK_SIZE,
+        precision=devices.training_precision(args.precision, device),
+        device=device,
+        resume_path=path + '.resume',
+        resume=args.resume,
+        metrics_path=path + '.metrics.csv',
+        tensorboard_dir=metrics.tensorboard_dir(args),
+    )
 
 
 def format_seconds(seconds):
@@ -318,145 +299,32 @@ def format_seconds(seconds):
     return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
 
 
-class Question(NamedTuple):
-    ids: torch.Tensor  # question + MASK, encoded
-    unknown: int  # characters dropped for being outside the vocabulary
-    cut: bool  # whether the question was shortened to fit the context
-
-
-def encode_question(question, pretrain_dataset):
-    """question + MASK as ids. Characters outside the vocabulary are dropped, and a question
-    too long to leave room for the answer keeps only its end (as the original's context
-    cropping would)."""
-    stoi = pretrain_dataset.stoi
-    known = [c for c in question if c in stoi]
-    ids = [stoi[c] for c in known[-QUESTION_ROOM:]] + [stoi[pretrain_dataset.MASK_CHAR]]
-    return Question(
-        torch.tensor(ids, dtype=torch.long), len(question) - len(known), len(known) > QUESTION_ROOM
-    )
-
-
-def warn_about_questions(prompts, path):
-    unknown = sum(1 for p in prompts if p.unknown)
-    if unknown:
-        print(
-            f"warning: {path}: {unknown} question(s) contain characters outside the vocabulary; "
-            f"those characters were dropped",
-            file=sys.stderr,
-        )
-    cut = sum(1 for p in prompts if p.cut)
-    if cut:
-        print(
-            f"warning: {path}: {cut} question(s) are too long for the context; only their "
-            f"last {QUESTION_ROOM} characters were used",
-            file=sys.stderr,
-        )
-
-
 # --- Checks before any work --------------------------------------------------------------
 
 
 def check_args(args):
-    """Everything that can be checked before training starts; raises UserError."""
-    needs = {
-        'pretrain': ['writing_params_path'],
-        'finetune': ['writing_params_path', 'finetune_corpus_path'],
-        'evaluate': ['reading_params_path', 'eval_corpus_path', 'outputs_path'],
-    }[args.function]
-    for name in needs:
-        if not getattr(args, name):
-            raise files.UserError(f"{args.function} needs --{name}")
-    if args.resume and args.function == 'evaluate':
-        raise files.UserError("--resume applies to pretrain and finetune only")
-    if not 0 < args.bottleneck_dim <= BLOCK_SIZE:
-        raise files.UserError(
-            f"--bottleneck_dim {args.bottleneck_dim}: must be between 1 and the "
-            f"block size, {BLOCK_SIZE}"
-        )
-    if (
-        args.function == 'pretrain'
-        and args.variant == 'synthesizer'
-        and EDITIONS[args.edition]['pretrain_padded_length'] > BLOCK_SIZE
-    ):
-        raise files.UserError(
-            f"--edition {args.edition}: its {BLOCK_SIZE}-long pretraining examples do not "
-            f"fit the synthesizer's {BLOCK_SIZE - 1} positions"
-        )
-    device = devices.pick_device(args.device)
-    if PROCESSES > 1:
-        if args.function == 'evaluate':
-            raise files.UserError("evaluate runs in one process: use python, not torchrun")
-        if device == 'mps':
-            raise files.UserError(
-                "torchrun: several processes need CUDA GPUs or the CPU (--device cpu), not MPS"
-            )
-        if device == 'cuda' and int(os.environ['LOCAL_RANK']) >= torch.cuda.device_count():
-            raise files.UserError(
-                f"torchrun started more processes per node than the "
-                f"{torch.cuda.device_count()} GPUs here (--nproc_per_node)"
-            )
-    corpus = files.read_text(args.pretrain_corpus_path)
-    for reserved in (dataset.PAD_CHAR, dataset.MASK_CHAR):
-        if reserved in corpus:
-            line = corpus[: corpus.index(reserved)].count('\n') + 1
-            raise files.UserError(
-                f"{args.pretrain_corpus_path}, line {line}: contains {reserved!r}, "
-                f"which the vocabulary reserves for PAD/MASK"
-            )
-    vocab = set(corpus)
+    """Everything that can be checked before any work (checks.py); raises UserError."""
+    checks.check_flags(args, BLOCK_SIZE, EDITIONS[args.edition]['pretrain_padded_length'])
+    distributed.check_launch(args.function, devices.pick_device(args.device))
+    vocab = checks.check_corpus(args.pretrain_corpus_path)
     if args.function == 'finetune':
-        check_tsv(args.finetune_corpus_path, vocab, training=True)
+        checks.check_tsv(args.finetune_corpus_path, vocab, BLOCK_SIZE, training=True)
     if args.function == 'evaluate':
-        check_tsv(args.eval_corpus_path, vocab, training=False)
+        checks.check_tsv(args.eval_corpus_path, vocab, BLOCK_SIZE, training=False)
     if args.reading_params_path:
-        load_params(
-            args.reading_params_path,
-            args.variant,
-            len(vocab) + 2,
-            args.pretrain_corpus_path,
-            args.bottleneck_dim,
-        )
-    output = 'outputs_path' if args.function == 'evaluate' else 'writing_params_path'
-    check_writable(getattr(args, output), output)
-    if args.resume and not os.path.exists(args.writing_params_path + '.resume'):
-        raise files.UserError(
-            f"--resume: no saved state at {args.writing_params_path}.resume "
-            f"(it is written when a run is interrupted)"
-        )
+        read_params(args, len(vocab) + 2)
+    checks.check_outputs(args)
 
 
-def check_tsv(path, vocab, training):
-    """Training files: every line "question<TAB>place", fitting the block and the
-    vocabulary. Evaluation files: all lines with a place (dev) or none (test)."""
-    lines = files.read_lines(path)
-    found = files.find_data_file(path)
-    first_tabs = lines[0].count('\t')
-    for number, line in enumerate(lines, 1):
-        where = f"{found}, line {number}"
-        tabs = line.count('\t')
-        if training and tabs != 1:
-            raise files.UserError(
-                f"{where}: expected 'question<TAB>place' (exactly one tab), found {tabs} tabs"
-            )
-        if not training and (tabs > 1 or tabs != first_tabs):
-            expected = 'question<TAB>place' if first_tabs else 'a question alone'
-            raise files.UserError(f"{where}: expected {expected} like line 1, found {tabs} tabs")
-        if not line.split('\t')[0].strip():
-            raise files.UserError(f"{where}: empty question")
-        if training:
-            ascii_line = line.encode('ascii', errors='ignore').decode(
-                'ascii'
-            )  # what NameDataset keeps
-            missing = sorted(set(ascii_line) - vocab - {'\t'})
-            if missing:
-                raise files.UserError(
-                    f"{where}: character {missing[0]!r} does not occur in the pretraining corpus"
-                )
-            if len(ascii_line) - 1 + 2 > BLOCK_SIZE:
-                raise files.UserError(
-                    f"{where}: question and place are {len(ascii_line) - 1} characters; "
-                    f"at most {BLOCK_SIZE - 2} fit in the block"
-                )
+def read_params(args, vocab_size):
+    """The params of --reading_params_path, checked to fit this command's model."""
+    return load_params(
+        args.reading_params_path,
+        args.variant,
+        vocab_size,
+        args.pretrain_corpus_path,
+        args.bottleneck_dim,
+    )
 
 
 def load_params(path, variant, vocab_size, corpus_path, bottleneck_dim=32):
@@ -475,16 +343,6 @@ def state_shapes(variant, vocab_size, bottleneck_dim):
     return {name: tensor.shape for name, tensor in gpt.state_dict().items()}
 
 
-def check_writable(path, flag):
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise files.UserError(f"--{flag} {path}: is a directory")
-    if not os.path.isdir(directory):
-        raise files.UserError(f"--{flag} {path}: directory {directory} does not exist")
-    if not os.access(directory, os.W_OK):
-        raise files.UserError(f"--{flag} {path}: directory {directory} is not writable")
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -499,29 +357,22 @@ def main(argv=None):
     except files.UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except trainer.TrainingInterrupted as e:
+    except resume.TrainingInterrupted as e:
         print(f"\n{e}. To continue: {continue_command(args, argv)}", file=sys.stderr)
         sys.exit(130)
-    except trainer.NonFiniteLoss as e:
+    except metrics.NonFiniteLoss as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(3)
     except KeyboardInterrupt:  # before training started, or a second Ctrl-C
         state = f"{args.writing_params_path}.resume" if args.function != 'evaluate' else None
-        if state and os.path.exists(state):
-            saved = time.strftime('%H:%M:%S', time.localtime(os.path.getmtime(state)))
-            print(
-                f"\ninterrupted; {state} keeps the state saved at {saved}. To continue from it: "
-                f"{continue_command(args, argv)}",
-                file=sys.stderr,
-            )
-        else:
-            print("\ninterrupted; no resumable state was saved", file=sys.stderr)
+        print(f"\n{resume.what_is_kept(state, continue_command(args, argv))}", file=sys.stderr)
         sys.exit(130)
 
 
 def continue_command(args, argv):
     """The command that continues this interrupted run from its resumable state."""
-    launcher = ['torchrun', f'--nproc_per_node={PROCESSES}'] if PROCESSES > 1 else ['python']
+    processes = distributed.PROCESSES
+    launcher = ['torchrun', f'--nproc_per_node={processes}'] if processes > 1 else ['python']
     return shlex.join(launcher + ['src/run.py'] + argv + ([] if args.resume else ['--resume']))
 
 

@@ -4,30 +4,23 @@ rate schedule (linear warm-up, then cosine decay to 10%).
 It computes what the original minGPT trainer computes (same batches, in the same order,
 same schedule), faster: batches are built in this process (span corruption is cheap, and
 it keeps runs reproducible and resumable) and the loss skips positions that cannot
-affect it (GPT.packed_loss). Long runs can keep a resumable state (resume.py): Ctrl-C or
-SIGTERM saves it and stops; `resume=True` continues exactly where the run stopped. A
-finished run leaves its state in place: the caller removes it once the params are written.
-
-Under torchrun (init_distributed), each process computes the loss of its share of every
-batch's rows and DistributedDataParallel averages the gradients: the steps are those of one
-process, and process 0 alone writes files.
+affect it (GPT.packed_loss, packing.py). The machinery around the loop lives beside it:
+resume.py keeps a resumable state and stops on Ctrl-C or SIGTERM (a finished run leaves
+its state in place: the caller removes it once the params are written), metrics.py logs
+every step, and distributed.py shares each batch between processes under torchrun.
 """
 
-import csv
 import math
-import os
-import signal
-import threading
 import time
 
 import numpy as np
 import torch
-import torch.distributed as dist
-import torch.nn as nn
 from tqdm import tqdm
 
 import devices
+import distributed
 import files
+import metrics
 import params_files
 import resume
 from packing import Packing, target_lengths
@@ -54,23 +47,14 @@ class TrainerConfig:
     resume_path = None  # keep a resumable state here: on Ctrl-C/SIGTERM and every minute
     resume = False  # continue from the state in resume_path
     metrics_path = None  # a CSV row per step: epoch, step, loss, lr, tokens, seconds
-    tensorboard_dir = (
-        None  # train/loss and train/lr per step for TensorBoard, as the later editions log
-    )
+    # train/loss and train/lr per step for TensorBoard, as the later editions log
+    tensorboard_dir = None
     save_every_s = 60  # how often (at an epoch's end) the resumable state is refreshed
     log_every = 10  # steps between progress updates; each one waits for the device
 
     def __init__(self, **kwargs):
         for k, v in kwargs.items():
             setattr(self, k, v)
-
-
-class TrainingInterrupted(Exception):
-    """Ctrl-C or SIGTERM stopped training after its resumable state was saved."""
-
-
-class NonFiniteLoss(Exception):
-    """The loss became inf or nan; nothing was saved after the last good state."""
 
 
 class Trainer:
@@ -81,20 +65,10 @@ class Trainer:
         self.config = config
         self.device = devices.pick_device(config.device)
         self.model = self.model.to(self.device)
-        self.rank, self.world_size = (
-            (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-        )
+        self.rank, self.world_size = distributed.rank_and_size()
         self.ddp = None
         if self.world_size > 1:
-            # DDP reduces gradients only for what runs through a module's forward; it also
-            # copies process 0's parameters to every process here
-            self.ddp = nn.parallel.DistributedDataParallel(
-                PackedLoss(self.model),
-                broadcast_buffers=False,  # the buffers are constant masks
-                device_ids=[torch.cuda.current_device()] if self.device == 'cuda' else None,
-            )
-            if self.rank > 0:  # each process its own dropout masks
-                torch.manual_seed((torch.initial_seed() + self.rank) % 2**63)
+            self.ddp = distributed.wrap(self.model, self.device, self.rank)
         # fp16's narrow range needs the loss scaled up so that small gradients do not
         # underflow; disabled, the scaler passes everything through unchanged
         self.scaler = torch.amp.GradScaler(self.device, enabled=config.precision == 'fp16')
@@ -150,9 +124,8 @@ class Trainer:
         """The loss of the CPU batch x, y: the mean over its non-PAD targets, as
         forward() computes it. The packing is worked out on the CPU, before the batch
         moves, so that it costs the GPU no synchronisation; DDP is given the packing, not
-        the lengths, which it would copy to the GPU. Under torchrun, this process takes
-        every world_size-th row by length (so each gets a similar share of the work),
-        sums its rows' losses and divides by the whole batch's count of targets, times
+        the lengths, which it would copy to the GPU. Under torchrun, this process sums
+        its rows' losses and divides by the whole batch's count of targets, times
         world_size since DDP averages the processes' gradients."""
         lengths = target_lengths(y)  # (b,)
         if self.ddp is None:
@@ -160,10 +133,7 @@ class Trainer:
             x, y = self.to_device(x, y)
             with self.autocast():
                 return self.model.packed_loss(x, y, packing)
-        rows = lengths.argsort(descending=True, stable=True)[self.rank :: self.world_size]
-        share = 1.0
-        if len(rows) == 0:  # fewer rows than processes: still join the gradient reduction
-            rows, share = rows.new_zeros(1), 0.0
+        rows, share = distributed.shard_rows(lengths, self.rank, self.world_size)
         n_targets = int((y != 0).sum()) / self.world_size
         packing = Packing(lengths[rows], device=self.device)
         x, y = self.to_device(x[rows], y[rows])
@@ -175,111 +145,108 @@ class Trainer:
         return torch.autocast(self.device, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
     def train(self):
-        model, config = self.model, self.config
+        """config.max_epochs epochs of training; with config.resume, from the saved state."""
+        config = self.config
         optimizer = self.make_optimizer()
-        steps_per_epoch = math.ceil(len(self.train_dataset) / config.batch_size)
-        start_epoch, start_step = 0, 0
+        self.steps_per_epoch = math.ceil(len(self.train_dataset) / config.batch_size)
+        first_epoch, first_step = self.start(optimizer)
+        self.done = self.first_done = first_epoch * self.steps_per_epoch + first_step
+        self.log, self.progress = self.open_logs()
+        self.start_time = time.time() - self.elapsed
+        self.stopper = resume.Stopper(self, optimizer)
+        try:
+            with self.stopper:
+                for epoch in range(first_epoch, config.max_epochs):
+                    self.run_epoch(optimizer, epoch, first_step if epoch == first_epoch else 0)
+                    self.end_epoch(epoch)
+        except metrics.NonFiniteLoss as e:
+            hint = "--precision fp32 or " if config.precision == 'fp16' else ""
+            raise metrics.NonFiniteLoss(
+                f"{e}; stopped, {self.stopper.kept()}; {hint}a lower learning rate may help"
+            ) from None
+        finally:
+            self.progress.close()
+            self.log.close()
+        self.elapsed = time.time() - self.start_time
+        self.steps_run = self.done - self.first_done
+        self.final_loss = self.log.last_loss
+
+    def start(self, optimizer):
+        """(epoch, step) to start from: (0, 0), or where the resumed run stopped."""
         self.tokens, self.elapsed, self.resumed_elapsed = 0, 0.0, 0.0
-        if config.resume:
-            start_epoch, start_step = resume.load_state(self, optimizer)
-            self.resumed_elapsed = self.elapsed
-        log = MetricsLog(
-            config.metrics_path if self.rank == 0 else None,
+        if not self.config.resume:
+            return 0, 0
+        epoch, step = resume.load_state(self, optimizer)
+        self.resumed_elapsed = self.elapsed
+        return epoch, step
+
+    def open_logs(self):
+        """The metrics log and the progress bar (process 0's; the others' are silent)."""
+        config, main = self.config, self.rank == 0
+        log = metrics.MetricsLog(
+            config.metrics_path if main else None,
             append=config.resume,
-            tensorboard_dir=config.tensorboard_dir if self.rank == 0 else None,
-            first_step=start_epoch * steps_per_epoch + start_step,
+            tensorboard_dir=config.tensorboard_dir if main else None,
+            first_step=self.done,
             average=self.average,
         )
-        total_steps = config.max_epochs * steps_per_epoch
-        done = start_epoch * steps_per_epoch + start_step
-        pbar = tqdm(
+        total_steps = config.max_epochs * self.steps_per_epoch
+        progress = tqdm(
             total=total_steps,
-            initial=done,
+            initial=self.done,
             unit='step',
             dynamic_ncols=True,
             smoothing=0.05,
-            disable=total_steps == 0 or self.rank > 0,
+            disable=total_steps == 0 or not main,
         )
-        self.stop_signal = None
-        handlers = self.catch_stop_signals() if config.resume_path else {}
-        start_time, first_done, last_save = time.time() - self.elapsed, done, time.time()
-        try:
-            for epoch in range(start_epoch, config.max_epochs):
-                model.train()
-                for it in range(start_step, steps_per_epoch):
-                    x, y = self.batch(self.train_dataset, it)
-                    loss = self.loss(x, y)
-                    self.update(optimizer, loss)
-                    # As in the original: the schedule moves after the step, counting every
-                    # target position (PADs too), and the new rate applies from the next step.
-                    self.tokens += y.numel()
-                    lr = self.lr_at(self.tokens)
-                    for param_group in optimizer.param_groups:
-                        param_group['lr'] = lr
-                    done += 1
-                    log.add(epoch, done, loss.detach(), lr, self.tokens)
-                    logged = done % config.log_every == 0 or it == steps_per_epoch - 1
-                    if logged:
-                        self.elapsed = time.time() - start_time
-                        last_loss = log.flush(self.elapsed)
-                        pbar.set_description(
-                            f"epoch {epoch + 1} iter {it}: train loss {last_loss:.5f}. lr {lr:e}"
-                        )
-                        pbar.set_postfix_str(
-                            f"{self.tokens_per_s(done - first_done, y.size(1)):,.0f} tok/s"
-                        )
-                        pbar.update(done - pbar.n)
-                    # processes must stop after the same step: they agree where they log
-                    if (logged or self.ddp is None) and self.any_process(
-                        self.stop_signal is not None
-                    ):
-                        self.elapsed = time.time() - start_time
-                        self.stop(epoch, it + 1, optimizer, log)
-                start_step = 0
-                if self.test_dataset is not None:
-                    self.test_loss()
-                self.elapsed = time.time() - start_time
-                log.flush(self.elapsed)
-                self.save_checkpoint()
-                if config.resume_path and self.any_process(
-                    time.time() - last_save >= config.save_every_s
-                ):
-                    resume.save_state(self, epoch + 1, 0, optimizer)
-                    last_save = time.time()
-        except NonFiniteLoss as e:
-            kept = (
-                f"the last good state is kept in {config.resume_path}"
-                if config.resume_path and os.path.exists(config.resume_path)
-                else "no earlier state had been saved yet"
-            )
-            hint = "--precision fp32 or " if config.precision == 'fp16' else ""
-            raise NonFiniteLoss(
-                f"{e}; stopped, {kept}; {hint}a lower learning rate may help"
-            ) from None
-        finally:
-            pbar.close()
-            log.close()
-            for signum, handler in handlers.items():
-                signal.signal(signum, handler)
-        self.elapsed = time.time() - start_time
-        self.steps_run = done - first_done
-        self.final_loss = log.last_loss
+        return log, progress
+
+    def run_epoch(self, optimizer, epoch, first_step):
+        self.model.train()
+        for it in range(first_step, self.steps_per_epoch):
+            x, y = self.batch(self.train_dataset, it)
+            loss = self.loss(x, y)
+            self.update(optimizer, loss)
+            # As in the original: the schedule moves after the step, counting every
+            # target position (PADs too), and the new rate applies from the next step.
+            self.tokens += y.numel()
+            lr = self.lr_at(self.tokens)
+            for param_group in optimizer.param_groups:
+                param_group['lr'] = lr
+            self.done += 1
+            self.log.add(epoch, self.done, loss.detach(), lr, self.tokens)
+            logged = self.done % self.config.log_every == 0 or it == self.steps_per_epoch - 1
+            if logged:
+                self.show_progress(epoch, it, lr, y.size(1))
+            self.stopper.after_step(epoch, it + 1, logged)
+
+    def show_progress(self, epoch, it, lr, T):
+        self.elapsed = time.time() - self.start_time
+        last_loss = self.log.flush(self.elapsed)
+        self.progress.set_description(
+            f"epoch {epoch + 1} iter {it}: train loss {last_loss:.5f}. lr {lr:e}"
+        )
+        tokens_per_s = self.tokens_per_s(self.done - self.first_done, T)
+        self.progress.set_postfix_str(f"{tokens_per_s:,.0f} tok/s")
+        self.progress.update(self.done - self.progress.n)
+
+    def end_epoch(self, epoch):
+        if self.test_dataset is not None:
+            self.test_loss()
+        self.elapsed = time.time() - self.start_time
+        self.log.flush(self.elapsed)
+        self.save_checkpoint()
+        self.stopper.after_epoch(epoch)
 
     def any_process(self, flag):
         """Whether flag is true in any process; every process must ask at the same step."""
-        if self.ddp is None:
-            return flag
-        flag = torch.tensor([float(flag)], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        return flag if self.ddp is None else distributed.any_process(flag, self.device)
 
     def average(self, values):
-        """values averaged over the processes (each process's loss is its share times world_size)."""
-        if self.ddp is not None:
-            values = values.to(self.device)
-            dist.all_reduce(values)
-            values = values / self.world_size
-        return values
+        """values averaged over the processes (each one's loss is its share x world_size)."""
+        if self.ddp is None:
+            return values
+        return distributed.average(values, self.device, self.world_size)
 
     def update(self, optimizer, loss):
         """One optimizer step on the gradient of loss, clipped to grad_norm_clip. With fp16,
@@ -307,106 +274,3 @@ class Trainer:
                 losses.append(self.model.packed_loss(x, y).item())
         print("test loss: %f" % np.mean(losses))
         self.model.train()
-
-    # --- Interruption and resumption -----------------------------------------------------
-
-    def catch_stop_signals(self):
-        """Ctrl-C and SIGTERM (a preempted VM) ask the loop to stop after the current step;
-        a second Ctrl-C stops at once, except under torchrun, which passes the terminal's
-        Ctrl-C on to its processes a second time (and kills them itself if they linger)."""
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-
-        def ask_to_stop(signum, frame):
-            if self.stop_signal is not None and self.ddp is None:
-                raise KeyboardInterrupt
-            self.stop_signal = signum
-
-        return {s: signal.signal(s, ask_to_stop) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def stop(self, epoch, step, optimizer, log):
-        log.flush(self.elapsed)
-        resume.save_state(self, epoch, step, optimizer)
-        raise TrainingInterrupted(
-            f"interrupted at epoch {epoch + 1}, step {step}; state saved to {self.config.resume_path}"
-        )
-
-
-class MetricsLog:
-    """Per-step metrics, kept on the device and written (one host sync) every few steps, to
-    the CSV file and to TensorBoard. Refuses a non-finite loss, so nothing is saved after it."""
-
-    FIELDS = ['epoch', 'step', 'loss', 'lr', 'tokens', 'seconds']
-
-    def __init__(
-        self, path, append, tensorboard_dir=None, first_step=0, average=lambda losses: losses
-    ):
-        self.rows, self.last_loss, self.average = [], float('nan'), average
-        self.file = self.writer = self.tensorboard = None
-        if tensorboard_dir:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                print(
-                    "note: TensorBoard is not installed (pip install tensorboard); no logs in "
-                    f"{tensorboard_dir}"
-                )
-            else:
-                # a resumed run drops what an interrupted one logged after its saved state
-                self.tensorboard = SummaryWriter(
-                    tensorboard_dir, purge_step=first_step + 1 if append else None
-                )
-        if path:
-            new = not (append and os.path.exists(path))
-            self.file = open(path, 'w' if new else 'a', newline='', encoding='utf-8')
-            self.writer = csv.writer(self.file)
-            if new:
-                self.writer.writerow(self.FIELDS)
-
-    def add(self, epoch, step, loss, lr, tokens):
-        self.rows.append((epoch + 1, step, loss, lr, tokens))
-
-    def flush(self, seconds):
-        if not self.rows:
-            return self.last_loss
-        losses = self.average(torch.stack([r[2] for r in self.rows]).float()).tolist()
-        for (epoch, step, _, lr, tokens), loss in zip(self.rows, losses):
-            if not math.isfinite(loss):
-                raise NonFiniteLoss(f"the loss became {loss} at epoch {epoch}, step {step}")
-            if self.writer:
-                self.writer.writerow(
-                    [epoch, step, f'{loss:.6f}', f'{lr:.6e}', tokens, f'{seconds:.1f}']
-                )
-            if self.tensorboard:
-                self.tensorboard.add_scalar('train/loss', loss, step)
-                self.tensorboard.add_scalar('train/lr', lr, step)
-        if self.file:
-            self.file.flush()
-        if self.tensorboard:
-            self.tensorboard.flush()
-        self.rows, self.last_loss = [], losses[-1]
-        return self.last_loss
-
-    def close(self):
-        if self.file:
-            self.file.close()
-        if self.tensorboard:
-            self.tensorboard.close()
-
-
-class PackedLoss(nn.Module):
-    """model.packed_loss as a module's forward, for DistributedDataParallel to wrap."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, *args):
-        return self.model.packed_loss(*args)
-
-
-def init_distributed(device):
-    """Under torchrun: join the other processes, one per GPU (nccl) or CPU processes (gloo)."""
-    if device == 'cuda':
-        torch.cuda.set_device(int(os.environ['LOCAL_RANK']))
-    dist.init_process_group('nccl' if device == 'cuda' else 'gloo')

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import decoding
+import resume
 import trainer
 import utils
 from test_distributed import csv_losses
@@ -113,7 +114,7 @@ def test_interrupted_run_resumes_to_the_same_losses(tmp_path, device):
         def loss(*args):
             steps['n'] += 1
             if steps['n'] == stop_at:
-                t.stop_signal = 2  # as Ctrl-C does: stop after this step
+                t.stopper.signal = 2  # as Ctrl-C does: stop after this step
             return real(*args)
 
         gpt.packed_loss = loss
@@ -122,7 +123,7 @@ def test_interrupted_run_resumes_to_the_same_losses(tmp_path, device):
     random.seed(0)
     run(tmp_path / 'straight.csv')
     random.seed(0)
-    with pytest.raises(trainer.TrainingInterrupted):
+    with pytest.raises(resume.TrainingInterrupted):
         run(tmp_path / 'resumed.csv', stop_at=7)
     random.seed(1)
     torch.manual_seed(1)

@@ -15,6 +15,7 @@ import torch.multiprocessing as mp
 import dataset
 import model
 import packing
+import resume
 import trainer
 from conftest import ROOT, tiny_corpus
 
@@ -70,14 +71,14 @@ def interrupted_run(rank, world_size, folder):
     def counting_loss(*args):
         steps['n'] += 1
         if steps['n'] == 2 and rank == 0:
-            t.stop_signal = 2
+            t.stopper.signal = 2
         return real(*args)
 
     gpt.packed_loss = counting_loss
     try:
         t.train()
         stopped = None
-    except trainer.TrainingInterrupted as e:
+    except resume.TrainingInterrupted as e:
         stopped = str(e)
     random.seed(100 + rank)
     torch.manual_seed(100 + rank)

@@ -9,6 +9,7 @@ import zipfile
 import pytest
 import torch
 
+import metrics
 import params_files
 import reproduce
 import run
@@ -379,20 +380,19 @@ def test_collect_submission_2024(tmp_path, real_data):
 
 def test_tensorboard_log_of_a_resumed_run_replaces_the_steps_after_its_state(tmp_path):
     def log(first_step, losses, append):
-        metrics = trainer.MetricsLog(
+        steps = metrics.MetricsLog(
             tmp_path / 'm.csv',
             append=append,
             tensorboard_dir=tmp_path / 'tb',
             first_step=first_step,
         )
         for step, loss in enumerate(losses, first_step + 1):
-            metrics.add(0, step, torch.tensor(loss), 0.1 * step, 10 * step)
-        metrics.flush(1.0)
-        metrics.close()
+            steps.add(0, step, torch.tensor(loss), 0.1 * step, 10 * step)
+        steps.flush(1.0)
+        steps.close()
 
-    log(
-        0, [5.0, 4.0, 3.0, 2.5, 2.0], append=False
-    )  # interrupted after step 5, state saved at step 3
+    # interrupted after step 5, state saved at step 3
+    log(0, [5.0, 4.0, 3.0, 2.5, 2.0], append=False)
     log(3, [2.9, 2.7], append=True)
     scalars = tensorboard_scalars(tmp_path / 'tb')
     assert scalars['train/loss'] == [

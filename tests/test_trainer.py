@@ -134,7 +134,7 @@ def train_to_end(tmp_path, interrupt_at=None, precision='fp32'):
         steps_per_epoch = math.ceil(len(ds) / config.batch_size)
         epoch, step = divmod(interrupt_at - 1, steps_per_epoch)
         with pytest.raises(
-            trainer.TrainingInterrupted, match=f"epoch {epoch + 1}, step {step + 1};"
+            resume.TrainingInterrupted, match=f"epoch {epoch + 1}, step {step + 1};"
         ):
             trainer.Trainer(gpt, ds, None, config).train()
         assert (tmp_path / 'state.resume').exists()
@@ -350,7 +350,7 @@ def test_fp16_gradient_scaler_skips_overflows_and_resumes_exactly(tmp_path):
         def counting_loss(x, y, *rest):
             steps['n'] += 1
             if steps['n'] == interrupt_at:
-                t.stop_signal = signal.SIGINT
+                t.stopper.signal = signal.SIGINT
             return real(x, y, *rest)
 
         gpt.packed_loss = counting_loss
@@ -360,7 +360,7 @@ def test_fp16_gradient_scaler_skips_overflows_and_resumes_exactly(tmp_path):
     straight, params = run()
     assert 0 < straight.scaler.get_scale() < 2.0**36  # several steps overflowed, and were skipped
     assert all(torch.isfinite(v).all() for v in params.values())
-    with pytest.raises(trainer.TrainingInterrupted):
+    with pytest.raises(resume.TrainingInterrupted):
         run(interrupt_at=2)
     saved = torch.load(tmp_path / 'state.resume', weights_only=False)['scaler']
     assert saved['scale'] == 2.0**38  # two overflowing steps so far

@@ -1,0 +1,105 @@
+"""What run.py checks before any work, so that a run never dies at its end for something
+that could have been seen at its start: the flags each phase needs, the corpus's reserved
+characters, every line of the question files, and where the outputs go. Each problem is
+a one-line UserError naming the flag, the file or the line. (The params a phase reads are
+checked by params_files.py, the launch under torchrun by distributed.py.)
+"""
+
+import os
+
+import dataset
+import files
+from files import UserError
+
+# The flags each phase cannot do without.
+NEEDS = {
+    'pretrain': ['writing_params_path'],
+    'finetune': ['writing_params_path', 'finetune_corpus_path'],
+    'evaluate': ['reading_params_path', 'eval_corpus_path', 'outputs_path'],
+}
+
+
+def check_flags(args, block_size, padded_length):
+    """The flags the phase needs, and flags that fit together; padded_length is the
+    length of the edition's pretraining examples."""
+    for name in NEEDS[args.function]:
+        if not getattr(args, name):
+            raise UserError(f"{args.function} needs --{name}")
+    if args.resume and args.function == 'evaluate':
+        raise UserError("--resume applies to pretrain and finetune only")
+    if not 0 < args.bottleneck_dim <= block_size:
+        raise UserError(
+            f"--bottleneck_dim {args.bottleneck_dim}: must be between 1 and the "
+            f"block size, {block_size}"
+        )
+    if args.function == 'pretrain' and args.variant == 'synthesizer' and padded_length > block_size:
+        raise UserError(
+            f"--edition {args.edition}: its {block_size}-long pretraining examples do not "
+            f"fit the synthesizer's {block_size - 1} positions"
+        )
+
+
+def check_corpus(path):
+    """The pretraining corpus's set of characters, which must not hold PAD or MASK."""
+    corpus = files.read_text(path)
+    for reserved in (dataset.PAD_CHAR, dataset.MASK_CHAR):
+        if reserved in corpus:
+            line = corpus[: corpus.index(reserved)].count('\n') + 1
+            raise UserError(
+                f"{path}, line {line}: contains {reserved!r}, "
+                f"which the vocabulary reserves for PAD/MASK"
+            )
+    return set(corpus)
+
+
+def check_outputs(args):
+    """The output can be written, and --resume has a state to continue from."""
+    output = 'outputs_path' if args.function == 'evaluate' else 'writing_params_path'
+    check_writable(getattr(args, output), output)
+    if args.resume and not os.path.exists(args.writing_params_path + '.resume'):
+        raise UserError(
+            f"--resume: no saved state at {args.writing_params_path}.resume "
+            f"(it is written when a run is interrupted)"
+        )
+
+
+def check_tsv(path, vocab, block_size, training):
+    """Training files: every line "question<TAB>place", fitting the block and the
+    vocabulary. Evaluation files: all lines with a place (dev) or none (test)."""
+    lines = files.read_lines(path)
+    found = files.find_data_file(path)
+    first_tabs = lines[0].count('\t')
+    for number, line in enumerate(lines, 1):
+        where = f"{found}, line {number}"
+        tabs = line.count('\t')
+        if training and tabs != 1:
+            raise UserError(
+                f"{where}: expected 'question<TAB>place' (exactly one tab), found {tabs} tabs"
+            )
+        if not training and (tabs > 1 or tabs != first_tabs):
+            expected = 'question<TAB>place' if first_tabs else 'a question alone'
+            raise UserError(f"{where}: expected {expected} like line 1, found {tabs} tabs")
+        if not line.split('\t')[0].strip():
+            raise UserError(f"{where}: empty question")
+        if training:
+            ascii_line = line.encode('ascii', errors='ignore').decode('ascii')  # NameDataset's
+            missing = sorted(set(ascii_line) - vocab - {'\t'})
+            if missing:
+                raise UserError(
+                    f"{where}: character {missing[0]!r} does not occur in the pretraining corpus"
+                )
+            if len(ascii_line) - 1 + 2 > block_size:
+                raise UserError(
+                    f"{where}: question and place are {len(ascii_line) - 1} characters; "
+                    f"at most {block_size - 2} fit in the block"
+                )
+
+
+def check_writable(path, flag):
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UserError(f"--{flag} {path}: is a directory")
+    if not os.path.isdir(directory):
+        raise UserError(f"--{flag} {path}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK):
+        raise UserError(f"--{flag} {path}: directory {directory} is not writable")

@@ -1,0 +1,96 @@
+"""Training in several processes under torchrun, one per GPU (or several on the CPU).
+
+Each process computes the loss of its share of every batch's rows (shard_rows) and
+DistributedDataParallel averages the gradients, so the steps are those of one process;
+the processes agree on when to stop (any_process), and process 0 alone writes files.
+trainer.py uses this; run.py checks the launch and joins the process group.
+"""
+
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from files import UserError
+
+# How many processes share each batch (torchrun sets WORLD_SIZE; each runs the script).
+PROCESSES = int(os.environ.get('WORLD_SIZE', 1))
+
+
+def rank_and_size():
+    """(this process's rank, the number of processes): (0, 1) outside torchrun."""
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def check_launch(function, device):
+    """Under torchrun: the phase and device must suit several processes."""
+    if PROCESSES == 1:
+        return
+    if function == 'evaluate':
+        raise UserError("evaluate runs in one process: use python, not torchrun")
+    if device == 'mps':
+        raise UserError(
+            "torchrun: several processes need CUDA GPUs or the CPU (--device cpu), not MPS"
+        )
+    if device == 'cuda' and int(os.environ['LOCAL_RANK']) >= torch.cuda.device_count():
+        raise UserError(
+            f"torchrun started more processes per node than the "
+            f"{torch.cuda.device_count()} GPUs here (--nproc_per_node)"
+        )
+
+
+def wrap(model, device, rank):
+    """The model's packed loss under DistributedDataParallel, which also copies process
+    0's parameters to every process; then each process gets its own dropout masks."""
+    # DDP reduces gradients only for what runs through a module's forward
+    ddp = nn.parallel.DistributedDataParallel(
+        PackedLoss(model),
+        broadcast_buffers=False,  # the buffers are constant masks
+        device_ids=[torch.cuda.current_device()] if device == 'cuda' else None,
+    )
+    if rank > 0:
+        torch.manual_seed((torch.initial_seed() + rank) % 2**63)
+    return ddp
+
+
+def shard_rows(lengths, rank, world_size):
+    """This process's rows of a batch: every world_size-th by length, so that each process
+    gets a similar share of the work, and its share of the loss (0 for a process left
+    without rows, which still joins the gradient reduction with a stand-in row)."""
+    rows = lengths.argsort(descending=True, stable=True)[rank::world_size]
+    if len(rows) == 0:
+        return rows.new_zeros(1), 0.0
+    return rows, 1.0
+
+
+def any_process(flag, device):
+    """Whether flag is true in any process; every process must ask at the same step."""
+    flag = torch.tensor([float(flag)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def average(values, device, world_size):
+    """values averaged over the processes."""
+    values = values.to(device)
+    dist.all_reduce(values)
+    return values / world_size
+
+
+class PackedLoss(nn.Module):
+    """model.packed_loss as a module's forward, for DistributedDataParallel to wrap."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args):
+        return self.model.packed_loss(*args)
+
+
+def init_distributed(device):
+    """Under torchrun: join the other processes, one per GPU (nccl) or CPU processes (gloo)."""
+    if device == 'cuda':
+        torch.cuda.set_device(int(os.environ['LOCAL_RANK']))
+    dist.init_process_group('nccl' if device == 'cuda' else 'gloo')

@@ -1,6 +1,7 @@
-"""Shared fixtures: src/ on the path, a tiny corpus the tests build themselves, and the
-real data (copied from ../shared/data into data/ when it is there; tests that need it
-skip, saying so, when it is not)."""
+"""Shared fixtures and helpers: src/ on the path, a tiny corpus the tests build
+themselves, untrained params of every variant for it, the real data (copied from
+../shared/data into data/ when it is there; tests that need it skip, saying so, when it
+is not), and run.py's command line, in this process or from the shell."""
 
 import random
 import shutil
@@ -12,6 +13,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / 'src'))
 import cpu_libraries  # noqa: E402,F401 (before torch loads, as the scripts do)
+
+import os  # noqa: E402
+import re  # noqa: E402
+import subprocess  # noqa: E402
+
+import torch  # noqa: E402
+
+import run  # noqa: E402
 
 DATA_FILES = ['wiki.txt', 'birth_places_train.tsv', 'birth_dev.tsv', 'birth_test_inputs.tsv']
 SHARED_DATA = ROOT.parent / 'shared' / 'data'
@@ -87,3 +96,64 @@ def tiny(tmp_path):
         '\n'.join(r.split('\t')[0] for r in rows[12:]) + '\n', encoding='utf-8'
     )
     return tmp_path
+
+
+PYTHON = sys.executable
+
+
+CORRECT_LINE = re.compile(r'^Correct: (\d+\.0) out of (\d+\.0): ([\d.e-]+)%$', re.M)
+
+
+def on_cpu(args):
+    """args with --device cpu unless they name a device: the suite's exact comparisons are
+    the CPU's (tests/test_accelerators.py checks CUDA and MPS against it)."""
+    args = [str(a) for a in args]
+    return args if '--device' in args else args + ['--device', 'cpu']
+
+
+def cli(*args, cwd, check=True, env=None):
+    """python src/run.py ARGS from `cwd`, as a student runs it (on the CPU)."""
+    result = subprocess.run(
+        [PYTHON, str(ROOT / 'src' / 'run.py'), *on_cpu(args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if check:
+        assert result.returncode == 0, result.stderr
+    assert 'Traceback' not in result.stderr
+    return result
+
+
+def main(*args, cwd):
+    """run.main in this process (faster, on the CPU); returns the exit code, 0 when it returned."""
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        run.main(on_cpu(args))
+        return 0
+    except SystemExit as e:
+        return e.code
+    finally:
+        os.chdir(old)
+
+
+def write(path, text, encoding='utf-8'):
+    path.write_bytes(text.encode(encoding) if isinstance(text, str) else text)
+    return path.name
+
+
+@pytest.fixture
+def params(tiny):
+    """tiny, with {variant}.params: an untrained model of each variant for its corpus (the
+    perceiver's with --bottleneck_dim 64)."""
+    import dataset
+    import run
+
+    ds = dataset.CharCorruptionDataset((tiny / 'wiki.txt').read_text(encoding='utf-8'), 128)
+    for variant in ('vanilla', 'synthesizer', 'rope', 'perceiver'):
+        torch.manual_seed(0)
+        gpt = run.new_model(variant, ds.vocab_size, 64)
+        torch.save(gpt.state_dict(), tiny / f'{variant}.params')
+    return tiny

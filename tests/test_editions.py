@@ -1,6 +1,6 @@
 """The later editions from the command line: the perceiver (2023) and rope (2024/25)
 commands as their handouts print them, each edition's settings, TensorBoard logs, the
-new ways to get it wrong, and the submission packing of each edition."""
+submission packing of each edition (their bad input is in test_checks.py)."""
 
 import shutil
 import subprocess
@@ -9,25 +9,15 @@ import zipfile
 import pytest
 import torch
 
-import metrics
 import params_files
 import reproduce
 import run
 import trainer
 from conftest import ROOT
+from test_metrics import tensorboard_scalars
 from test_run import CORRECT_LINE, main
 
 QUICK = ['--max_epochs', 1, '--batch_size', 16]
-
-
-def tensorboard_scalars(folder):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(folder))
-    events.Reload()
-    return {
-        tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()['scalars']
-    }
 
 
 @pytest.mark.parametrize(
@@ -165,135 +155,6 @@ def test_each_edition_settings(tiny, monkeypatch, variant, edition, schedule_epo
     assert config.final_tokens == 200 * n * 128
 
 
-@pytest.fixture
-def params(tiny):
-    """One untrained params file per variant (the perceiver's with bottleneck 64)."""
-    import dataset
-
-    ds = dataset.CharCorruptionDataset((tiny / 'wiki.txt').read_text(encoding='utf-8'), 128)
-    for variant in ('vanilla', 'rope', 'perceiver'):
-        torch.manual_seed(0)
-        torch.save(
-            run.new_model(variant, ds.vocab_size, 64).state_dict(),
-            tiny / f'{variant}.params',
-        )
-    return tiny
-
-
-EVALUATE = ['--eval_corpus_path', 'dev.tsv', '--outputs_path', 'o']
-
-
-@pytest.mark.parametrize(
-    'argv, message',
-    [
-        (
-            [
-                'pretrain',
-                'perceiver',
-                'wiki.txt',
-                '--writing_params_path',
-                'x.params',
-                '--bottleneck_dim',
-                0,
-            ],
-            r'^error: --bottleneck_dim 0: must be between 1 and the block size, 128$',
-        ),
-        (
-            [
-                'pretrain',
-                'perceiver',
-                'wiki.txt',
-                '--writing_params_path',
-                'x.params',
-                '--bottleneck_dim',
-                -3,
-            ],
-            r'^error: --bottleneck_dim -3: must be between 1 and the block size, 128$',
-        ),
-        (
-            [
-                'pretrain',
-                'perceiver',
-                'wiki.txt',
-                '--writing_params_path',
-                'x.params',
-                '--bottleneck_dim',
-                129,
-            ],
-            r'^error: --bottleneck_dim 129: must be between 1 and the block size, 128$',
-        ),
-        (
-            [
-                'pretrain',
-                'synthesizer',
-                'wiki.txt',
-                '--writing_params_path',
-                'x.params',
-                '--edition',
-                '2024',
-            ],
-            r"^error: --edition 2024: its 128-long pretraining examples do not fit the synthesizer's 127 positions$",
-        ),
-        (
-            ['evaluate', 'vanilla', 'wiki.txt', '--reading_params_path', 'rope.params', *EVALUATE],
-            r'^error: --reading_params_path rope.params: holds a rope model, but the variant is vanilla$',
-        ),
-        (
-            ['evaluate', 'rope', 'wiki.txt', '--reading_params_path', 'vanilla.params', *EVALUATE],
-            r'^error: --reading_params_path vanilla.params: holds a vanilla model, but the variant is rope$',
-        ),
-        (
-            [
-                'evaluate',
-                'rope',
-                'wiki.txt',
-                '--reading_params_path',
-                'perceiver.params',
-                *EVALUATE,
-            ],
-            r'^error: --reading_params_path perceiver.params: holds a perceiver model, but the variant is rope$',
-        ),
-        (
-            [
-                'evaluate',
-                'perceiver',
-                'wiki.txt',
-                '--reading_params_path',
-                'perceiver.params',
-                *EVALUATE,
-            ],
-            r'^error: --reading_params_path perceiver.params: made with --bottleneck_dim 64, but the flag is 32$',
-        ),
-        (
-            [
-                'finetune',
-                'perceiver',
-                'wiki.txt',
-                '--reading_params_path',
-                'perceiver.params',
-                '--writing_params_path',
-                'x.params',
-                '--finetune_corpus_path',
-                'train.tsv',
-                '--bottleneck_dim',
-                16,
-            ],
-            r'^error: --reading_params_path perceiver.params: made with --bottleneck_dim 64, but the flag is 16$',
-        ),
-    ],
-    ids=lambda a: ' '.join(map(str, a[:2])) + ' ' + str(a[-1]) if isinstance(a, list) else None,
-)
-def test_bad_input_is_one_clear_line(params, capsys, argv, message):
-    import re
-
-    code = main(*argv, cwd=params)
-    err = capsys.readouterr().err
-    assert code == 2
-    assert len(err.strip().splitlines()) == 1, err
-    assert re.search(message, err.strip()), err
-    assert not (params / 'x.params').exists()
-
-
 def test_reproduce_runs_each_editions_commands(tmp_path):
     def commands(edition):
         return [
@@ -376,33 +237,6 @@ def test_collect_submission_2024(tmp_path, real_data):
     names = set(zipfile.ZipFile(tmp_path / 'assignment4_submission.zip').namelist())
     assert set(ROPE_SUBMISSION) <= names and 'src/attention.py' in names
     assert not any('synthesizer' in n for n in names)
-
-
-def test_tensorboard_log_of_a_resumed_run_replaces_the_steps_after_its_state(tmp_path):
-    def log(first_step, losses, append):
-        steps = metrics.MetricsLog(
-            tmp_path / 'm.csv',
-            append=append,
-            tensorboard_dir=tmp_path / 'tb',
-            first_step=first_step,
-        )
-        for step, loss in enumerate(losses, first_step + 1):
-            steps.add(0, step, torch.tensor(loss), 0.1 * step, 10 * step)
-        steps.flush(1.0)
-        steps.close()
-
-    # interrupted after step 5, state saved at step 3
-    log(0, [5.0, 4.0, 3.0, 2.5, 2.0], append=False)
-    log(3, [2.9, 2.7], append=True)
-    scalars = tensorboard_scalars(tmp_path / 'tb')
-    assert scalars['train/loss'] == [
-        (1, 5.0),
-        (2, 4.0),
-        (3, 3.0),
-        (4, pytest.approx(2.9)),
-        (5, pytest.approx(2.7)),
-    ]
-    assert [s for s, _ in scalars['train/lr']] == [1, 2, 3, 4, 5]
 
 
 def test_2024_span_corruption_examples_are_one_longer():

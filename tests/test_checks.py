@@ -1,0 +1,333 @@
+"""Bad input, caught before any work (checks.py, with params_files.py and devices.py):
+each case is one clear line on stderr naming the flag, file or line, and exit code 2."""
+
+import re
+
+import pytest
+
+from conftest import cli, main, write
+
+BAD_INPUT = [
+    # (what, argv after the phase+variant, files to write, expected message)
+    (
+        'missing corpus',
+        ['nope.txt', '--writing_params_path', 'x.params'],
+        {},
+        r'^error: nope.txt: no such file',
+    ),
+    (
+        'empty corpus',
+        ['empty.txt', '--writing_params_path', 'x.params'],
+        {'empty.txt': '\n'},
+        r'^error: empty.txt: file is empty$',
+    ),
+    (
+        'not UTF-8',
+        ['latin.txt', '--writing_params_path', 'x.params'],
+        {'latin.txt': b'ok\nbad \xe9\n'},
+        r'^error: latin.txt, line 2: not valid UTF-8',
+    ),
+    (
+        'reserved char',
+        ['mask.txt', '--writing_params_path', 'x.params'],
+        {'mask.txt': 'a\nb\u2047\n'},
+        r'^error: mask.txt, line 2: contains',
+    ),
+    ('no writing path', ['wiki.txt'], {}, r'^error: pretrain needs --writing_params_path$'),
+    (
+        'output dir missing',
+        ['wiki.txt', '--writing_params_path', 'no/such/dir/x.params'],
+        {},
+        r'^error: --writing_params_path no/such/dir/x.params: directory .* does not exist$',
+    ),
+    (
+        'resume without state',
+        ['wiki.txt', '--writing_params_path', 'x.params', '--resume'],
+        {},
+        r'^error: --resume: no saved state at x.params.resume',
+    ),
+]
+
+
+FINETUNE_BAD = [
+    (
+        'no corpus flag',
+        ['wiki.txt', '--writing_params_path', 'x.params'],
+        {},
+        r'^error: finetune needs --finetune_corpus_path$',
+    ),
+    (
+        'line without tab',
+        ['wiki.txt', '--writing_params_path', 'x.params', '--finetune_corpus_path', 'f.tsv'],
+        {'f.tsv': 'Where was Ada born?\tLondon\nWhere was Max born? Oslo\n'},
+        r'^error: .*f.tsv, line 2: expected .question<TAB>place. \(exactly one tab\), found 0 tabs$',
+    ),
+    (
+        'two tabs',
+        ['wiki.txt', '--writing_params_path', 'x.params', '--finetune_corpus_path', 'f.tsv'],
+        {'f.tsv': 'Where was Ada born?\tLondon\tUK\n'},
+        r'^error: .*f.tsv, line 1: .*found 2 tabs$',
+    ),
+    (
+        'char outside vocabulary',
+        ['wiki.txt', '--writing_params_path', 'x.params', '--finetune_corpus_path', 'f.tsv'],
+        {'f.tsv': 'Where was Ada born?\tLondon\nWhere was Zed born?\tQuito\n'},
+        r"^error: .*f.tsv, line 2: character 'Q' does not occur in the pretraining corpus$",
+    ),
+    (
+        'too long',
+        ['wiki.txt', '--writing_params_path', 'x.params', '--finetune_corpus_path', 'f.tsv'],
+        {'f.tsv': 'Where was Ada born?\t' + 'London ' * 20 + '\n'},
+        r'^error: .*f.tsv, line 1: .* fit in the block$',
+    ),
+]
+
+
+EVALUATE_BAD = [
+    (
+        'no outputs flag',
+        ['wiki.txt', '--reading_params_path', 'vanilla.params', '--eval_corpus_path', 'dev.tsv'],
+        {},
+        r'^error: evaluate needs --outputs_path$',
+    ),
+    (
+        'mixed eval file',
+        [
+            'wiki.txt',
+            '--reading_params_path',
+            'vanilla.params',
+            '--eval_corpus_path',
+            'e.tsv',
+            '--outputs_path',
+            'o',
+        ],
+        {'e.tsv': 'Where was Ada born?\tLondon\nWhere was Max born?\n'},
+        r'^error: .*e.tsv, line 2: expected question<TAB>place like line 1, found 0 tabs$',
+    ),
+    (
+        'params missing',
+        [
+            'wiki.txt',
+            '--reading_params_path',
+            'gone.params',
+            '--eval_corpus_path',
+            'dev.tsv',
+            '--outputs_path',
+            'o',
+        ],
+        {},
+        r'^error: --reading_params_path gone.params: no such file$',
+    ),
+    (
+        'garbage params',
+        [
+            'wiki.txt',
+            '--reading_params_path',
+            'junk.params',
+            '--eval_corpus_path',
+            'dev.tsv',
+            '--outputs_path',
+            'o',
+        ],
+        {'junk.params': 'not a checkpoint'},
+        r'^error: --reading_params_path junk.params: not a .params file',
+    ),
+    (
+        'empty params',
+        [
+            'wiki.txt',
+            '--reading_params_path',
+            'empty.params',
+            '--eval_corpus_path',
+            'dev.tsv',
+            '--outputs_path',
+            'o',
+        ],
+        {'empty.params': b''},
+        r'^error: --reading_params_path empty.params: not a .params file \(the file is empty or cut short\)$',
+    ),
+    (
+        'synthesizer params to vanilla',
+        [
+            'wiki.txt',
+            '--reading_params_path',
+            'synthesizer.params',
+            '--eval_corpus_path',
+            'dev.tsv',
+            '--outputs_path',
+            'o',
+        ],
+        {},
+        r'^error: --reading_params_path synthesizer.params: holds a synthesizer model, but the variant is vanilla$',
+    ),
+    (
+        'other vocabulary',
+        [
+            'other.txt',
+            '--reading_params_path',
+            'vanilla.params',
+            '--eval_corpus_path',
+            'dev.tsv',
+            '--outputs_path',
+            'o',
+        ],
+        {'other.txt': 'abc Where was born?\n'},
+        r'^error: --reading_params_path vanilla.params: made for a vocabulary of \d+ symbols, but other.txt gives 16$',
+    ),
+]
+
+
+def test_bad_input_from_the_shell_has_no_traceback(tiny):
+    result = cli(
+        'evaluate',
+        'vanilla',
+        'wiki.txt',
+        '--reading_params_path',
+        'x',
+        '--eval_corpus_path',
+        'dev.tsv',
+        cwd=tiny,
+        check=False,
+    )
+    assert result.returncode == 2 and result.stderr == 'error: evaluate needs --outputs_path\n'
+    result = cli(
+        'pretrain',
+        'vanilla',
+        'wiki.txt',
+        '--writing_params_path',
+        'x',
+        '--max_epochs',
+        '0',
+        cwd=tiny,
+        check=False,
+    )
+    assert (
+        result.returncode == 2 and 'argument --max_epochs: must be positive, not 0' in result.stderr
+    )
+
+
+EVALUATE = ['--eval_corpus_path', 'dev.tsv', '--outputs_path', 'o']
+LATER_EDITIONS_BAD = [
+    # (the whole argv, expected message): the perceiver's and rope's flags and params
+    (
+        [
+            'pretrain',
+            'perceiver',
+            'wiki.txt',
+            '--writing_params_path',
+            'x.params',
+            '--bottleneck_dim',
+            0,
+        ],
+        r'^error: --bottleneck_dim 0: must be between 1 and the block size, 128$',
+    ),
+    (
+        [
+            'pretrain',
+            'perceiver',
+            'wiki.txt',
+            '--writing_params_path',
+            'x.params',
+            '--bottleneck_dim',
+            -3,
+        ],
+        r'^error: --bottleneck_dim -3: must be between 1 and the block size, 128$',
+    ),
+    (
+        [
+            'pretrain',
+            'perceiver',
+            'wiki.txt',
+            '--writing_params_path',
+            'x.params',
+            '--bottleneck_dim',
+            129,
+        ],
+        r'^error: --bottleneck_dim 129: must be between 1 and the block size, 128$',
+    ),
+    (
+        [
+            'pretrain',
+            'synthesizer',
+            'wiki.txt',
+            '--writing_params_path',
+            'x.params',
+            '--edition',
+            '2024',
+        ],
+        r"^error: --edition 2024: its 128-long pretraining examples do not fit the synthesizer's 127 positions$",
+    ),
+    (
+        ['evaluate', 'vanilla', 'wiki.txt', '--reading_params_path', 'rope.params', *EVALUATE],
+        r'^error: --reading_params_path rope.params: holds a rope model, but the variant is vanilla$',
+    ),
+    (
+        ['evaluate', 'rope', 'wiki.txt', '--reading_params_path', 'vanilla.params', *EVALUATE],
+        r'^error: --reading_params_path vanilla.params: holds a vanilla model, but the variant is rope$',
+    ),
+    (
+        [
+            'evaluate',
+            'rope',
+            'wiki.txt',
+            '--reading_params_path',
+            'perceiver.params',
+            *EVALUATE,
+        ],
+        r'^error: --reading_params_path perceiver.params: holds a perceiver model, but the variant is rope$',
+    ),
+    (
+        [
+            'evaluate',
+            'perceiver',
+            'wiki.txt',
+            '--reading_params_path',
+            'perceiver.params',
+            *EVALUATE,
+        ],
+        r'^error: --reading_params_path perceiver.params: made with --bottleneck_dim 64, but the flag is 32$',
+    ),
+    (
+        [
+            'finetune',
+            'perceiver',
+            'wiki.txt',
+            '--reading_params_path',
+            'perceiver.params',
+            '--writing_params_path',
+            'x.params',
+            '--finetune_corpus_path',
+            'train.tsv',
+            '--bottleneck_dim',
+            16,
+        ],
+        r'^error: --reading_params_path perceiver.params: made with --bottleneck_dim 64, but the flag is 16$',
+    ),
+]
+
+
+def bad_input_cases():
+    for function, cases in (
+        ('pretrain', BAD_INPUT),
+        ('finetune', FINETUNE_BAD),
+        ('evaluate', EVALUATE_BAD),
+    ):
+        for what, argv, inputs, message in cases:
+            yield pytest.param(
+                [function, 'vanilla', *argv], inputs, message, id=f'{function}: {what}'
+            )
+    for argv, message in LATER_EDITIONS_BAD:
+        yield pytest.param(argv, {}, message, id=' '.join(map(str, argv[:2] + argv[-1:])))
+
+
+@pytest.mark.parametrize('argv, inputs, message', list(bad_input_cases()))
+def test_bad_input_is_one_clear_line(params, capsys, argv, inputs, message):
+    """Nothing runs: one line names the flag, file or line at fault, and the exit code is 2."""
+    for name, content in inputs.items():
+        write(params / name, content)
+    code = main(*argv, cwd=params)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert re.search(message, err.strip()), err
+    assert not (params / 'x.params').exists()

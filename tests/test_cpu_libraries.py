@@ -1,0 +1,103 @@
+"""cpu_libraries.py: the MKL and oneDNN settings reach the libraries from the command line,
+a user's own value wins, and the kernel cache cap changes no result."""
+
+import cpu_libraries
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import utils
+from conftest import ROOT, cli
+
+
+def test_the_cpu_kernel_cache_cap_changes_no_result(tiny):
+    """utils caps oneDNN's kernel cache to save memory: no cache at all (every bf16 matmul
+    compiles its kernel again) and oneDNN's default give the same params."""
+
+    def params(capacity):
+        name = f'cache{capacity}.params'
+        cli(
+            'pretrain',
+            'synthesizer',
+            'wiki.txt',
+            '--writing_params_path',
+            name,
+            '--max_epochs',
+            2,
+            '--batch_size',
+            16,
+            '--precision',
+            'bf16',
+            '--device',
+            'cpu',
+            cwd=tiny,
+            env={**os.environ, 'ONEDNN_PRIMITIVE_CACHE_CAPACITY': str(capacity)},
+        )
+        return torch.load(tiny / name, weights_only=True)
+
+    uncached, default = params(0), params(1024)
+    assert all(torch.equal(uncached[k], default[k]) for k in default)
+
+
+@pytest.mark.parametrize('users_value, expected', [(None, '128'), ('7', '7')])
+def test_onednn_kernel_cache_is_capped_unless_the_user_set_it(users_value, expected):
+    env = {k: v for k, v in os.environ.items() if k != 'ONEDNN_PRIMITIVE_CACHE_CAPACITY'}
+    if users_value is not None:
+        env['ONEDNN_PRIMITIVE_CACHE_CAPACITY'] = users_value
+    shown = subprocess.run(
+        [
+            sys.executable,
+            '-c',
+            'import os, cpu_libraries; print(os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"])',
+        ],
+        cwd=Path(utils.__file__).parent,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert shown.stdout.strip() == expected, shown.stderr
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="this torch has no MKL")
+@pytest.mark.parametrize(
+    'users_value, expected', [(None, 'CNR:AUTO,STRICT Dyn:0'), ('', 'CNR:OFF Dyn:0')]
+)
+def test_mkl_runs_reproducibly_from_the_command_line(tiny, users_value, expected):
+    """run.py sets MKL's reproducible mode and fixed thread count before torch loads MKL
+    (MKL_VERBOSE shows what every fp32 matrix product ran with); the user's value wins."""
+    env = {k: v for k, v in os.environ.items() if k not in cpu_libraries.SETTINGS}
+    env['MKL_VERBOSE'] = '1'
+    if users_value is not None:
+        env['MKL_CBWR'] = users_value
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / 'src' / 'run.py'),
+            'pretrain',
+            'vanilla',
+            'wiki.txt',
+            '--writing_params_path',
+            'p.params',
+            '--max_epochs',
+            '1',
+            '--batch_size',
+            '16',
+            '--precision',
+            'fp32',
+            '--device',
+            'cpu',
+        ],
+        cwd=tiny,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    calls = [line for line in result.stdout.splitlines() if re.match(r'MKL_VERBOSE [SD]GEMM', line)]
+    assert result.returncode == 0 and calls, result.stderr
+    assert all(expected in line for line in calls), calls[0]

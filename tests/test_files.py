@@ -1,0 +1,69 @@
+"""files.py: input text checked and read as the original's text mode read it, bare names
+found in data/, and files written whole, with the user's usual mode, or not at all."""
+
+import os
+import stat
+
+import pytest
+import torch
+
+import files
+
+
+def test_interrupted_save_leaves_the_old_file_whole(tmp_path):
+    path = tmp_path / 'model.params'
+    files.atomic_save({'w': torch.ones(3)}, path)
+
+    def dies_half_way(f):
+        f.write(b'partial bytes')
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        files.atomic_write(path, dies_half_way)
+    assert torch.equal(torch.load(path, weights_only=True)['w'], torch.ones(3))
+    assert [p.name for p in tmp_path.iterdir()] == ['model.params']  # no temporary left behind
+
+
+def test_read_text_checks(tmp_path):
+    (tmp_path / 'ok.txt').write_text('caf\u00e9\n', encoding='utf-8')
+    assert files.read_text(str(tmp_path / 'ok.txt')) == 'caf\u00e9\n'
+    (tmp_path / 'bad.txt').write_bytes(b'fine\nfine\ncaf\xe9\n')
+    with pytest.raises(files.UserError, match=r'bad.txt, line 3: not valid UTF-8'):
+        files.read_text(str(tmp_path / 'bad.txt'))
+    (tmp_path / 'blank.txt').write_text('  \n\n')
+    with pytest.raises(files.UserError, match='file is empty'):
+        files.read_text(str(tmp_path / 'blank.txt'))
+
+
+def test_bare_names_are_found_in_data(tmp_path, monkeypatch):
+    monkeypatch.setattr(files, 'DATA_DIR', tmp_path / 'data')
+    (tmp_path / 'data').mkdir()
+    (tmp_path / 'data' / 'corpus.txt').write_text('x\n')
+    monkeypatch.chdir(tmp_path)
+    assert files.find_data_file('corpus.txt') == str(tmp_path / 'data' / 'corpus.txt')
+    (tmp_path / 'corpus.txt').write_text('here\n')
+    assert files.find_data_file('corpus.txt') == 'corpus.txt'  # the current directory wins
+    assert files.find_data_file('sub/corpus.txt') == 'sub/corpus.txt'  # paths are taken as given
+
+
+def test_windows_and_old_mac_line_ends_read_as_the_originals_text_mode(tmp_path):
+    text = 'Ada was born in London.\nMax\tOslo\n\ncaf\u00e9\n'
+    for name, ends in (('lf', '\n'), ('crlf', '\r\n'), ('cr', '\r')):
+        (tmp_path / name).write_bytes(text.replace('\n', ends).encode('utf-8'))
+        with open(tmp_path / name, encoding='utf-8') as f:  # how the original read every file
+            assert files.read_text(str(tmp_path / name)) == f.read() == text
+        assert files.read_lines(str(tmp_path / name)) == text.split('\n')[:-1]
+    (tmp_path / 'bad').write_bytes(b'fine\r\nfine\rcaf\xe9\r\n')
+    with pytest.raises(files.UserError, match=r'bad, line 3: not valid UTF-8'):
+        files.read_text(str(tmp_path / 'bad'))
+
+
+@pytest.mark.parametrize('umask, mode', [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_written_files_get_the_users_usual_mode(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        files.atomic_save({'w': torch.ones(3)}, tmp_path / 'model.params')
+    finally:
+        os.umask(old)
+    if os.name == 'posix':
+        assert stat.S_IMODE((tmp_path / 'model.params').stat().st_mode) == mode

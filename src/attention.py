@@ -6,10 +6,10 @@ by their positions (precompute_rotary_emb, apply_rotary_emb).
 SynthesizerAttention is handout eq. 11, where the scores of each position come from that
 position alone instead of from pairs of positions.
 CausalCrossAttention (2023 edition, the perceiver) takes keys/values from one sequence and
-queries from another; model.py's DownProjectBlock and UpProjectBlock are built on it.
+queries from another; perceiver.py's DownProjectBlock and UpProjectBlock are built on it.
 
-Both take, besides x, two optional helpers for speed that never change the result:
-  packing  x holds only the positions that matter, as (N, C) rows (see Packing);
+The self-attentions take, besides x, two optional helpers for speed that never change the result:
+  packing  x holds only the positions that matter, as (N, C) rows (packing.py);
            attention alone needs padded (B, T, C) rows, and unpacks for it.
   cache    a dict (one per layer) keeping the keys/values of earlier positions, so that
            greedy decoding feeds only the newest position (see decoding.greedy_complete).

@@ -165,23 +165,7 @@ def bench_evaluate(corpus, params, n_plain, device, variant, bottleneck_dim):
 
 
 def main():
-    argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    argp.add_argument('--steps', type=int, default=5, help="timed pretraining steps per path")
-    argp.add_argument(
-        '--questions', type=int, default=20, help="dev questions for the plain decoder"
-    )
-    argp.add_argument(
-        '--params',
-        help="finetuned params to decode with (default: untrained, "
-        "which never stops early: the slowest case for ours)",
-    )
-    argp.add_argument(
-        '--variant', choices=['vanilla', 'synthesizer', 'perceiver', 'rope'], default='vanilla'
-    )
-    argp.add_argument('--bottleneck_dim', type=int, default=32, help="the perceiver's (default 32)")
-    devices.add_arguments(argp)
-    args = argp.parse_args()
-
+    args = parse_args()
     try:
         device = devices.pick_device(args.device)
         precision = devices.training_precision(args.precision, device)
@@ -199,7 +183,34 @@ def main():
         f"machine: {devices.describe(device)} ({torch.get_num_threads()} threads); "
         f"variant {args.variant}; our precision {precision}"
     )
+    report_pretraining(args, corpus, precision, device)
+    plain, ours, n = bench_evaluate(
+        corpus, params, args.questions, device, args.variant, args.bottleneck_dim
+    )
+    untrained = '' if args.params else ', untrained model'
+    print(f"evaluate (birth_dev.tsv, 32 characters per question{untrained}):")
+    print(f"  plain: {plain * 1000:8.1f} ms/question (first {args.questions})")
+    print(f"  ours:  {ours * 1000:8.1f} ms/question (all {n})   {plain / ours:.1f}x faster")
 
+
+def parse_args():
+    argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    argp.add_argument('--steps', type=int, default=5, help="timed pretraining steps per path")
+    argp.add_argument(
+        '--questions', type=int, default=20, help="dev questions for the plain decoder"
+    )
+    argp.add_argument(
+        '--params',
+        help="finetuned params to decode with (default: untrained, "
+        "which never stops early: the slowest case for ours)",
+    )
+    argp.add_argument('--variant', choices=list(run.VARIANT_EDITION), default='vanilla')
+    argp.add_argument('--bottleneck_dim', type=int, default=32, help="the perceiver's (default 32)")
+    devices.add_arguments(argp)
+    return argp.parse_args()
+
+
+def report_pretraining(args, corpus, precision, device):
     times, rows = bench_pretraining(
         corpus, args.steps, args.variant, args.bottleneck_dim, precision, device
     )
@@ -218,7 +229,6 @@ def main():
         f"  650-epoch pretraining ({steps_650} steps): plain {steps_650 * plain / 3600:.1f} h, "
         f"ours {steps_650 * ours / 3600:.1f} h"
     )
-
     if args.variant in ('vanilla', 'rope'):
         flops = model_flops(sum(rows), rows)
         dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(precision, torch.float32)
@@ -228,14 +238,6 @@ def main():
             f"{flops / ours / peak:.0%} of this machine's {precision} matmul peak "
             f"({peak / 1e9:.0f} GFLOP/s)"
         )
-
-    plain, ours, n = bench_evaluate(
-        corpus, params, args.questions, device, args.variant, args.bottleneck_dim
-    )
-    untrained = '' if args.params else ', untrained model'
-    print(f"evaluate (birth_dev.tsv, 32 characters per question{untrained}):")
-    print(f"  plain: {plain * 1000:8.1f} ms/question (first {args.questions})")
-    print(f"  ours:  {ours * 1000:8.1f} ms/question (all {n})   {plain / ours:.1f}x faster")
 
 
 if __name__ == '__main__':

@@ -51,75 +51,38 @@ def phases(out, edition='2021'):
     """(name, run.py arguments after the corpus, output file) in the handout's order;
     outputs go to the folder `out`, inputs are found as run.py finds them."""
     variant, variant_flags = SECOND_VARIANT[edition]
-    flags = lambda v: ['--edition', edition] + (variant_flags if v == variant else [])
-    data = {
-        name: files.find_data_file(name)
-        for name in ('birth_places_train.tsv', 'birth_dev.tsv', 'birth_test_inputs.tsv')
-    }
-    path = lambda name: os.path.join(out, name)
+    train = files.find_data_file('birth_places_train.tsv')
 
-    def evaluations(variant, params, prefix):
+    def step(name, output, function, v, *flags):
+        argv = [function, v, *flags, '--edition', edition] + (variant_flags if v == variant else [])
+        return name, argv, os.path.join(out, output)
+
+    def evaluations(v, params, prefix):
         return [
-            (
-                f'{prefix}: evaluate {split}',
-                [
-                    'evaluate',
-                    variant,
-                    '--reading_params_path',
-                    path(params),
-                    '--eval_corpus_path',
-                    data[corpus],
-                    '--outputs_path',
-                    path(f'{prefix}.{split}.predictions'),
-                ]
-                + flags(variant),
-                path(f'{prefix}.{split}.predictions'),
-            )
+            step(f'{prefix}: evaluate {split}', f'{prefix}.{split}.predictions', 'evaluate', v,
+                 '--reading_params_path', os.path.join(out, params),
+                 '--eval_corpus_path', files.find_data_file(corpus),
+                 '--outputs_path', os.path.join(out, f'{prefix}.{split}.predictions'))
             for split, corpus in (('dev', 'birth_dev.tsv'), ('test', 'birth_test_inputs.tsv'))
-        ]
+        ]  # fmt: skip
 
+    scratch = 'vanilla.model.params'
     steps = [
-        (
-            'vanilla, no pretraining: finetune',
-            [
-                'finetune',
-                'vanilla',
-                '--writing_params_path',
-                path('vanilla.model.params'),
-                '--finetune_corpus_path',
-                data['birth_places_train.tsv'],
-            ]
-            + flags('vanilla'),
-            path('vanilla.model.params'),
-        )
-    ]
-    steps += evaluations('vanilla', 'vanilla.model.params', 'vanilla.nopretrain')
+        step('vanilla, no pretraining: finetune', scratch, 'finetune', 'vanilla',
+             '--writing_params_path', os.path.join(out, scratch), '--finetune_corpus_path', train)
+    ]  # fmt: skip
+    steps += evaluations('vanilla', scratch, 'vanilla.nopretrain')
     for v in ('vanilla', variant):
-        steps.append(
-            (
-                f'{v}: pretrain',
-                ['pretrain', v, '--writing_params_path', path(f'{v}.pretrain.params')] + flags(v),
-                path(f'{v}.pretrain.params'),
-            )
-        )
-        steps.append(
-            (
-                f'{v}: finetune',
-                [
-                    'finetune',
-                    v,
-                    '--reading_params_path',
-                    path(f'{v}.pretrain.params'),
-                    '--writing_params_path',
-                    path(f'{v}.finetune.params'),
-                    '--finetune_corpus_path',
-                    data['birth_places_train.tsv'],
-                ]
-                + flags(v),
-                path(f'{v}.finetune.params'),
-            )
-        )
-        steps += evaluations(v, f'{v}.finetune.params', f'{v}.pretrain')
+        pretrained, finetuned = f'{v}.pretrain.params', f'{v}.finetune.params'
+        steps += [
+            step(f'{v}: pretrain', pretrained, 'pretrain', v,
+                 '--writing_params_path', os.path.join(out, pretrained)),
+            step(f'{v}: finetune', finetuned, 'finetune', v,
+                 '--reading_params_path', os.path.join(out, pretrained),
+                 '--writing_params_path', os.path.join(out, finetuned),
+                 '--finetune_corpus_path', train),
+        ]  # fmt: skip
+        steps += evaluations(v, finetuned, f'{v}.pretrain')
     return steps
 
 
@@ -192,6 +155,36 @@ def write_table(results, settings, path, device):
 
 
 def main(argv=None):
+    args = parse_args(argv)
+    if distributed.PROCESSES > 1:
+        sys.exit(
+            "error: reproduce.py runs in one process; for several GPUs, run the handout's "
+            "pretrain/finetune commands with torchrun (see README)"
+        )
+    try:
+        device = devices.pick_device(args.device)
+        results = run_all(args, device)
+    except files.UserError as e:
+        sys.exit(f"error: {e}")
+    except (resume.TrainingInterrupted, KeyboardInterrupt) as e:
+        again = shlex.join(
+            ['python', 'src/reproduce.py'] + (sys.argv[1:] if argv is None else argv)
+        )
+        print(f"\n{str(e) or 'interrupted'}. To continue: {again}", file=sys.stderr)
+        sys.exit(130)
+    except metrics.NonFiniteLoss as e:
+        sys.exit(f"error: {e}")
+    settings = (
+        f"the {args.edition} handout's, training precision "
+        f"{devices.training_precision(args.precision, device)}, seed {args.seed}"
+    )
+    if args.max_epochs:
+        settings += f", --max_epochs {args.max_epochs} for every training phase"
+    print()
+    print(write_table(results, settings, os.path.join(args.outdir, 'results.md'), device))
+
+
+def parse_args(argv):
     argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
     argp.add_argument('--outdir', default='.', help="where the results go (default: here)")
@@ -206,28 +199,18 @@ def main(argv=None):
         default='2021',
         help="the handout edition to run (default 2021: vanilla and synthesizer)",
     )
-    args = argp.parse_args(argv)
-    if distributed.PROCESSES > 1:
-        sys.exit(
-            "error: reproduce.py runs in one process; for several GPUs, run the handout's "
-            "pretrain/finetune commands with torchrun (see README)"
-        )
-    try:
-        device = devices.pick_device(args.device)
-    except files.UserError as e:
-        sys.exit(f"error: {e}")
-    overrides = ['--seed', str(args.seed), '--precision', args.precision]
-    settings = (
-        f"the {args.edition} handout's, training precision "
-        f"{devices.training_precision(args.precision, device)}, seed {args.seed}"
-    )
-    if args.max_epochs:
-        overrides += ['--max_epochs', str(args.max_epochs)]
-        settings += f", --max_epochs {args.max_epochs} for every training phase"
+    return argp.parse_args(argv)
 
+
+def run_all(args, device):
+    """Every phase whose output is missing or stale, then the London baseline; returns the
+    results record, which results.json keeps after every phase."""
     os.makedirs(args.outdir, exist_ok=True)
     record = os.path.join(args.outdir, 'results.json')
     results = json.loads(open(record, encoding='utf-8').read()) if os.path.exists(record) else {}
+    save = lambda: files.atomic_write(
+        record, lambda f: f.write(json.dumps(results, indent=1).encode('utf-8'))
+    )
     made_with = {
         'edition': args.edition,
         'seed': args.seed,
@@ -235,48 +218,38 @@ def main(argv=None):
         'precision': devices.training_precision(args.precision, device),
         'pretrain_corpus': os.path.basename(args.pretrain_corpus_path),
     }
-    save_record = lambda: files.atomic_write(
-        record, lambda f: f.write(json.dumps(results, indent=1).encode('utf-8'))
-    )
-    try:
-        steps = phases(args.outdir, args.edition)
-        check_made_with(steps, results, made_with)
-        for name, phase_argv, output in steps:
-            inputs = input_digests(phase_argv)
-            if os.path.exists(output) and results.get(name, {}).get('inputs', inputs) == inputs:
-                print(f"== {name}: {output} exists, skipped")
-                results.setdefault(name, {'seconds': None})
-            else:
-                if os.path.exists(output):
-                    print(f"== {name}: redone, as its input changed since {output} was made")
-                else:
-                    print(f"== {name}")
-                results[name] = {'made_with': made_with, 'inputs': inputs, 'seconds': None}
-                save_record()  # before the work: a leftover .resume is then known to be this run's
-                start = time.time()
-                run_phase(phase_argv, output, args.pretrain_corpus_path, overrides, device)
-                results[name]['seconds'] = time.time() - start
-            if name.endswith('evaluate dev'):
-                predictions = open(output, encoding='utf-8').read().splitlines()
-                dev = utils.evaluate_places('birth_dev.tsv', predictions)
-                results[name]['accuracy'] = accuracy(dev)
-            save_record()
-        london = london_baseline('birth_dev.tsv')
-        results['London baseline'] = {'accuracy': accuracy(london), 'seconds': 0}
-        if args.edition in ('2024', '2025'):  # their submission holds it
-            write_accuracy(*london, os.path.join(args.outdir, 'london_baseline_accuracy.txt'))
-    except files.UserError as e:
-        sys.exit(f"error: {e}")
-    except (resume.TrainingInterrupted, KeyboardInterrupt) as e:
-        again = shlex.join(
-            ['python', 'src/reproduce.py'] + (sys.argv[1:] if argv is None else argv)
-        )
-        print(f"\n{str(e) or 'interrupted'}. To continue: {again}", file=sys.stderr)
-        sys.exit(130)
-    except metrics.NonFiniteLoss as e:
-        sys.exit(f"error: {e}")
-    print()
-    print(write_table(results, settings, os.path.join(args.outdir, 'results.md'), device))
+    steps = phases(args.outdir, args.edition)
+    check_made_with(steps, results, made_with)
+    for name, phase_argv, output in steps:
+        inputs = input_digests(phase_argv)
+        if os.path.exists(output) and results.get(name, {}).get('inputs', inputs) == inputs:
+            print(f"== {name}: {output} exists, skipped")
+            results.setdefault(name, {'seconds': None})
+        else:
+            redone = f": redone, as its input changed since {output} was made"
+            print(f"== {name}{redone if os.path.exists(output) else ''}")
+            results[name] = {'made_with': made_with, 'inputs': inputs, 'seconds': None}
+            save()  # before the work: a leftover .resume is then known to be this run's
+            start = time.time()
+            run_phase(phase_argv, output, args.pretrain_corpus_path, overrides(args), device)
+            results[name]['seconds'] = time.time() - start
+        if name.endswith('evaluate dev'):
+            predictions = open(output, encoding='utf-8').read().splitlines()
+            results[name]['accuracy'] = accuracy(
+                utils.evaluate_places('birth_dev.tsv', predictions)
+            )
+        save()
+    london = london_baseline('birth_dev.tsv')
+    results['London baseline'] = {'accuracy': accuracy(london), 'seconds': 0}
+    if args.edition in ('2024', '2025'):  # their submission holds it
+        write_accuracy(*london, os.path.join(args.outdir, 'london_baseline_accuracy.txt'))
+    return results
+
+
+def overrides(args):
+    """The flags this command passes on to every training phase."""
+    flags = ['--seed', str(args.seed), '--precision', args.precision]
+    return flags + (['--max_epochs', str(args.max_epochs)] if args.max_epochs else [])
 
 
 if __name__ == '__main__':

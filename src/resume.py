@@ -164,20 +164,46 @@ def save_state(run, epoch, step, optimizer):
 def load_state(run, optimizer):
     """Restore into `run` (a Trainer) and `optimizer` what save_state saved, after checking
     that it is this run's state. Returns the (epoch, step) to continue from."""
-    config = run.config
-    where = f"--resume: {config.resume_path}"
+    where = f"--resume: {run.config.resume_path}"
+    state = read_state(run.config.resume_path, where)
+    check_state_fits(state, run, where)
+    try:
+        restore(state, run, optimizer)
+    except DAMAGE as e:
+        detail = str(e).strip().split('\n')[0] or type(e).__name__
+        raise files.UserError(f"{where}: damaged ({detail})")
+    run.model.load_state_dict(state['model'])
+    run.tokens, run.elapsed = state['tokens'], state['elapsed']
+    print(
+        f"resuming from {run.config.resume_path}: epoch {state['epoch'] + 1}, step {state['step']}"
+    )
+    return state['epoch'], state['step']
+
+
+# What restoring a damaged state raises (torch's and Python's own checks).
+DAMAGE = (ValueError, TypeError, RuntimeError, KeyError, IndexError, AttributeError, OverflowError)
+
+
+def read_state(path, where):
+    """The state in `path`, loaded without running anything in it, with every part of PARTS."""
     if_trusted = (
         "If you trust the file (an earlier version of this code wrote it), convert it "
-        "in place with: "
-        + files.convert_command(UPGRADE_OLD_STATE, config.resume_path, config.resume_path)
+        "in place with: " + files.convert_command(UPGRADE_OLD_STATE, path, path)
     )
-    state = files.load_weights_only(config.resume_path, where, 'resumable state', if_trusted)
+    state = files.load_weights_only(path, where, 'resumable state', if_trusted)
     if not isinstance(state, dict):
         raise files.UserError(f"{where}: not a resumable state (it holds a {type(state).__name__})")
     for key, kind in PARTS.items():
         if not isinstance(state.get(key), kind):
             found = 'nothing' if key not in state else f"a {type(state[key]).__name__}"
             raise files.UserError(f"{where}: not a resumable state ({key!r} is {found})")
+    return state
+
+
+def check_state_fits(state, run, where):
+    """The state was saved by a run with this run's settings, stopped where this run can
+    continue, with a model of this run's shapes."""
+    config = run.config
     saved = {**state['config'], 'examples': state['dataset_len'], 'processes': state['processes']}
     current = {
         **{k: getattr(config, k) for k in SETTINGS},
@@ -201,41 +227,29 @@ def load_state(run, optimizer):
         )
     shapes = {name: tensor.shape for name, tensor in run.model.state_dict().items()}
     params_files.check_state_dict(state['model'], shapes, where, "this run's model")
-    try:
-        optimizer.load_state_dict(state['optimizer'])
-        for group in optimizer.param_groups:
-            for p in group['params']:
-                for name, value in optimizer.state[p].items():
-                    if torch.is_tensor(value) and value.dim() and value.shape != p.shape:
-                        raise ValueError(
-                            f"optimizer {name} of shape {tuple(value.shape)} for a "
-                            f"parameter of shape {tuple(p.shape)}"
-                        )
-        if state['scaler']:
-            run.scaler.load_state_dict(state['scaler'])
-        random.setstate(state['python_rng'])
-        np.random.set_state(state['numpy_rng'])
-        rng = state['process_rngs'][run.rank]  # this process's dropout stream
-        torch.set_rng_state(rng['torch'])
-        if rng['cuda'] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng['cuda'])
-        if 'mps' in rng and run.device == 'mps':
-            torch.mps.set_rng_state(rng['mps'])
-    except (
-        ValueError,
-        TypeError,
-        RuntimeError,
-        KeyError,
-        IndexError,
-        AttributeError,
-        OverflowError,
-    ) as e:
-        detail = str(e).strip().split('\n')[0] or type(e).__name__
-        raise files.UserError(f"{where}: damaged ({detail})")
-    run.model.load_state_dict(state['model'])
-    run.tokens, run.elapsed = state['tokens'], state['elapsed']
-    print(f"resuming from {config.resume_path}: epoch {state['epoch'] + 1}, step {state['step']}")
-    return state['epoch'], state['step']
+
+
+def restore(state, run, optimizer):
+    """The optimizer, the loss scale and every random state, as they were saved."""
+    optimizer.load_state_dict(state['optimizer'])
+    for group in optimizer.param_groups:
+        for p in group['params']:
+            for name, value in optimizer.state[p].items():
+                if torch.is_tensor(value) and value.dim() and value.shape != p.shape:
+                    raise ValueError(
+                        f"optimizer {name} of shape {tuple(value.shape)} for a "
+                        f"parameter of shape {tuple(p.shape)}"
+                    )
+    if state['scaler']:
+        run.scaler.load_state_dict(state['scaler'])
+    random.setstate(state['python_rng'])
+    np.random.set_state(state['numpy_rng'])
+    rng = state['process_rngs'][run.rank]  # this process's dropout stream
+    torch.set_rng_state(rng['torch'])
+    if rng['cuda'] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng['cuda'])
+    if 'mps' in rng and run.device == 'mps':
+        torch.mps.set_rng_state(rng['mps'])
 
 
 def numpy_rng_state():

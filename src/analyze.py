@@ -1,0 +1,415 @@
+"""What the model knows: evidence for the handout's part 3, from a predictions file.
+
+    python src/analyze.py vanilla.pretrain.dev.predictions
+    python src/analyze.py vanilla.pretrain.dev.predictions \\
+        --params vanilla.finetune.params --variant vanilla --json vanilla.analysis.json
+    python src/analyze.py --coverage_plot coverage.png vanilla.analysis.json rope.analysis.json
+
+Every dev person has a wiki.txt document that begins with their name. Each prediction is
+sorted into one of four categories: correct; wrong but found in the person's own document
+(the right page, the wrong place); wrong and among the ten most frequent places of the
+finetuning file (the prior: "London"); anything else (made up). Accuracy is split by
+whether the gold place occurs in the person's document and by how often the name occurs
+in the corpus.
+
+With the params that made the predictions, the model's confidence in each answer (the
+probability of the answer and its closing MASK, from one batched forward pass) tells how
+well it knows when it is right: the area under the ROC curve, and the accuracy when it
+answers only its most confident 25, 50, 75 or 100% of the questions. It is also asked
+where invented people were born: names made of first and last names of the finetuning
+file that occur nowhere in wiki.txt or the finetuning file (part 3c).
+"""
+
+import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
+
+import argparse
+import collections
+import json
+import math
+import random
+import re
+import sys
+
+import torch
+from torch.nn import functional as F
+
+import dataset
+import decoding
+import devices
+import files
+import run
+
+CATEGORIES = ['correct', 'own document', 'prior', 'made up']
+PRIOR_PLACES = 10  # the most frequent finetuning places that count as the prior
+COVERAGES = [0.25, 0.5, 0.75, 1.0]
+NAME_BINS = [(0, 0), (1, 1), (2, 3), (4, 7), (8, None)]  # occurrences of a name in wiki.txt
+
+
+# --- Reading the inputs -------------------------------------------------------------------
+
+
+def read_questions(path, need_places=True):
+    """[(question, person, place)] of a "question<TAB>place" file; the person is the name
+    in "Where was NAME born?" (the whole question if it has another form)."""
+    rows = []
+    for number, line in enumerate(files.read_lines(path), 1):
+        parts = line.split('\t')
+        if need_places and (len(parts) != 2 or not parts[1].strip()):
+            raise files.UserError(f"{path}, line {number}: expected 'question<TAB>place'")
+        match = re.fullmatch(r'Where was (.+) born\?', parts[0].strip())
+        rows.append((parts[0], match.group(1) if match else parts[0], parts[-1]))
+    return rows
+
+
+def read_predictions(path, questions, questions_path):
+    """One prediction a line (empty ones too, which evaluation writes for a model that
+    answers nothing), as many as there are questions."""
+    try:
+        with open(path, 'rb') as f:
+            text = files.universal_newlines(f.read().decode('utf-8', errors='replace'))
+    except OSError as e:
+        raise files.UserError(f"{path}: cannot read: {e.strerror}")
+    predictions = text.split('\n')[:-1] if text.endswith('\n') else text.split('\n')
+    if len(predictions) != len(questions):
+        raise files.UserError(
+            f"{path}: {len(predictions)} predictions for the {len(questions)} questions "
+            f"of {questions_path}"
+        )
+    return predictions
+
+
+def documents(corpus, people):
+    """{person: the first line of the corpus that begins with their name, or ''}."""
+    lines = corpus.split('\n')
+    return {p: next((line for line in lines if line.startswith(p)), '') for p in people}
+
+
+def top_places(finetune_rows, n=PRIOR_PLACES):
+    """The n most frequent places of the finetuning file, most frequent first."""
+    return [
+        place for place, _ in collections.Counter(p for _, _, p in finetune_rows).most_common(n)
+    ]
+
+
+def whole_words(phrase):
+    """A regular expression for phrase as whole words."""
+    return r'(?<!\w)' + re.escape(phrase) + r'(?!\w)'
+
+
+def occurs(text, phrase):
+    """Whether phrase occurs in text as whole words."""
+    return bool(phrase) and re.search(whole_words(phrase), text) is not None
+
+
+# --- Categories and splits ----------------------------------------------------------------
+
+
+def category(prediction, place, document, prior):
+    if prediction == place:
+        return 'correct'
+    if occurs(document, prediction):
+        return 'own document'
+    if prediction in prior:
+        return 'prior'
+    return 'made up'
+
+
+def name_bin(count):
+    for low, high in NAME_BINS:
+        if low <= count and (high is None or count <= high):
+            return f"{low}+" if high is None else (f"{low}" if low == high else f"{low}-{high}")
+
+
+def categorize(rows, predictions, corpus, prior):
+    """One record per question: its category, whether the gold place occurs in the
+    person's document, and how often the person's name occurs in the corpus."""
+    docs = documents(corpus, {person for _, person, _ in rows})
+    records = []
+    for (_, person, place), prediction in zip(rows, predictions):
+        records.append({
+            'person': person,
+            'place': place,
+            'prediction': prediction,
+            'category': category(prediction, place, docs[person], prior),
+            'gold in document': occurs(docs[person], place),
+            'name count': len(re.findall(whole_words(person), corpus)),
+        })  # fmt: skip
+    return records
+
+
+def split_accuracy(records, key):
+    """{value of key: [correct, total]} over the records."""
+    split = {}
+    for r in records:
+        counts = split.setdefault(str(key(r)), [0, 0])
+        counts[0] += r['category'] == 'correct'
+        counts[1] += 1
+    return split
+
+
+# --- Confidence ---------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def confidences(gpt, questions, answers, pretrain_dataset, batch_size=256):
+    """P(answer + MASK | question + MASK) for each pair, as the model computes it in one
+    forward pass per batch: the product of the probabilities of the answer's characters
+    and of the closing MASK. Characters outside the vocabulary are dropped, as evaluation
+    drops them from questions."""
+    gpt.eval()
+    device = next(gpt.parameters()).device
+    stoi, mask = pretrain_dataset.stoi, pretrain_dataset.MASK_CHAR
+    room = gpt.get_block_size() - 2 - run.ANSWER_LENGTH
+    rows = []
+    for question, answer in zip(questions, answers):
+        prompt = decoding.encode_question(question, pretrain_dataset, room).ids.tolist()
+        target = [stoi[c] for c in answer[: run.ANSWER_LENGTH] if c in stoi] + [stoi[mask]]
+        rows.append((prompt, target))
+    result = []
+    for start in range(0, len(rows), batch_size):
+        result += batch_log_probs(gpt, rows[start : start + batch_size], device)
+    return [math.exp(lp) for lp in result]
+
+
+def batch_log_probs(gpt, rows, device):
+    """log P(target | prompt) of each (prompt, target) pair, padded into one batch."""
+    length = max(len(p) + len(t) - 1 for p, t in rows)
+    idx = torch.zeros(len(rows), length, dtype=torch.long)  # (B, T), PAD after each row
+    for i, (prompt, target) in enumerate(rows):
+        sequence = prompt + target[:-1]
+        idx[i, : len(sequence)] = torch.tensor(sequence)
+    logits, _ = gpt(idx.to(device))
+    log_probs = F.log_softmax(logits.float(), dim=-1).cpu()  # (B, T, vocab)
+    result = []
+    for i, (prompt, target) in enumerate(rows):
+        positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(target))
+        result.append(float(log_probs[i, positions, torch.tensor(target)].sum()))
+    return result
+
+
+def auroc(scores, labels):
+    """The probability that a random right answer scores above a random wrong one (ties
+    count half): the area under the ROC curve. None without both kinds."""
+    right = [s for s, ok in zip(scores, labels) if ok]
+    wrong = [s for s, ok in zip(scores, labels) if not ok]
+    if not right or not wrong:
+        return None
+    above = sum((r > w) + 0.5 * (r == w) for r in right for w in wrong)
+    return above / (len(right) * len(wrong))
+
+
+def coverage_accuracy(scores, labels, coverages=COVERAGES):
+    """{coverage: accuracy over the ceil(coverage x n) most confident answers}."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    result = {}
+    for coverage in coverages:
+        kept = order[: max(1, math.ceil(coverage * len(order)))]
+        result[str(coverage)] = sum(labels[i] for i in kept) / len(kept)
+    return result
+
+
+# --- Invented people (part 3c) ------------------------------------------------------------
+
+
+def invent_names(finetune_rows, corpus, finetune_text, n, seed=0):
+    """n names made of a first name and a last name of the finetuning file's people, none
+    of which occurs in the corpus or the finetuning file; the same n for the same seed."""
+    people = [person.split() for _, person, _ in finetune_rows]
+    firsts = sorted({p[0] for p in people if len(p) >= 2})
+    lasts = sorted({p[-1] for p in people if len(p) >= 2})
+    rng, names = random.Random(seed), []
+    for _ in range(100 * n):
+        if len(names) == n:
+            break
+        name = f"{rng.choice(firsts)} {rng.choice(lasts)}"
+        if name not in names and name not in corpus and name not in finetune_text:
+            names.append(name)
+    return names
+
+
+def invented_people(gpt, names, pretrain_dataset, prior):
+    """What the model answers about each invented person, and how sure it is."""
+    questions = [f"Where was {name} born?" for name in names]
+    answers = decoding.answer_questions(
+        gpt, questions, pretrain_dataset, run.ANSWER_LENGTH, 'invented names'
+    )
+    scores = confidences(gpt, questions, answers, pretrain_dataset)
+    common = collections.Counter(answers).most_common(5)
+    return {
+        'people': len(names),
+        'share among the top places': sum(a in prior for a in answers) / len(answers),
+        'most common answers': [[answer, count] for answer, count in common],
+        'median confidence': median(scores),
+        'answers': [[n, a, s] for n, a, s in zip(names, answers, scores)],
+    }
+
+
+def median(values):
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+# --- The report ---------------------------------------------------------------------------
+
+
+def analyze(args):
+    """The report on args.predictions, as a dict that json.dump writes as it is."""
+    rows = read_questions(args.eval_corpus_path)
+    predictions = read_predictions(args.predictions, rows, args.eval_corpus_path)
+    corpus = files.read_text(args.pretrain_corpus_path)
+    finetune_text = files.read_text(args.finetune_corpus_path)
+    finetune_rows = read_questions(args.finetune_corpus_path)
+    prior = top_places(finetune_rows)
+    records = categorize(rows, predictions, corpus, prior)
+    counts = collections.Counter(r['category'] for r in records)
+    report = {
+        'name': args.name or args.predictions,
+        'questions': len(records),
+        'accuracy': counts['correct'] / len(records),
+        'categories': {c: counts[c] for c in CATEGORIES},
+        'prior places': prior,
+        'by gold in document': split_accuracy(records, lambda r: r['gold in document']),
+        'by name count': split_accuracy(records, lambda r: name_bin(r['name count'])),
+    }
+    if args.params:
+        gpt, pretrain_dataset = load_model(args, corpus)
+        questions = [question for question, _, _ in rows]
+        scores = confidences(gpt, questions, predictions, pretrain_dataset)
+        labels = [r['category'] == 'correct' for r in records]
+        for record, score in zip(records, scores):
+            record['confidence'] = score
+        report['auroc'] = auroc(scores, labels)
+        report['accuracy at coverage'] = coverage_accuracy(scores, labels)
+        report['median confidence'] = median(scores)
+        names = invent_names(finetune_rows, corpus, finetune_text, args.invented, args.seed)
+        report['invented people'] = invented_people(gpt, names, pretrain_dataset, prior)
+    report['records'] = records
+    return report
+
+
+def load_model(args, corpus):
+    """The model of args.params, in evaluation's fp32, and the vocabulary's dataset."""
+    pretrain_dataset = dataset.CharCorruptionDataset(corpus, run.BLOCK_SIZE)
+    vocab_size = pretrain_dataset.vocab_size
+    state = run.load_params(
+        args.params, args.variant, vocab_size, args.pretrain_corpus_path, args.bottleneck_dim
+    )
+    gpt = run.new_model(args.variant, vocab_size, args.bottleneck_dim)
+    gpt.load_state_dict(state)
+    return gpt.to(devices.pick_device(args.device)), pretrain_dataset
+
+
+def percent(correct, total):
+    return f"{correct / total:6.1%} ({correct}/{total})" if total else "     - (0/0)"
+
+
+def print_report(report):
+    n = report['questions']
+    print(f"{report['name']}: accuracy {percent(report['categories']['correct'], n)}")
+    print("categories:")
+    for name, count in report['categories'].items():
+        print(f"  {name:<14} {percent(count, n)}")
+    print("accuracy by whether the gold place is in the person's document:")
+    for value, (correct, total) in sorted(report['by gold in document'].items(), reverse=True):
+        print(f"  {'in it' if value == 'True' else 'not in it':<14} {percent(correct, total)}")
+    print("accuracy by how often the name occurs in the pretraining corpus:")
+    for low, _ in NAME_BINS:
+        key = name_bin(low)
+        correct, total = report['by name count'].get(key, [0, 0])
+        label = 'once' if key == '1' else f"{key} times"
+        print(f"  {label:<14} {percent(correct, total)}")
+    if 'auroc' in report:
+        auroc_text = 'n/a' if report['auroc'] is None else f"{report['auroc']:.3f}"
+        print(f"confidence: median {report['median confidence']:.3f}, AUROC {auroc_text}")
+        for coverage, accuracy in report['accuracy at coverage'].items():
+            print(f"  answering the {float(coverage):.0%} most confident: {accuracy:.1%} right")
+        invented = report['invented people']
+        common = ', '.join(f"{a or '(empty)'} {c}" for a, c in invented['most common answers'])
+        print(
+            f"invented people ({invented['people']}): "
+            f"{invented['share among the top places']:.1%} of answers among the top "
+            f"{PRIOR_PLACES} places; median confidence {invented['median confidence']:.3f}; "
+            f"most common: {common}"
+        )
+
+
+def coverage_plot(report_paths, out):
+    """Accuracy against coverage, a line per report that has confidences."""
+    try:
+        import matplotlib
+
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise files.UserError("--coverage_plot needs matplotlib (pip install matplotlib)")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for path in report_paths:
+        report = read_report(path)
+        scores = [r['confidence'] for r in report['records']]
+        labels = [r['category'] == 'correct' for r in report['records']]
+        steps = [i / 20 for i in range(1, 21)]
+        curve = coverage_accuracy(scores, labels, steps)
+        ax.plot([100 * c for c in steps], [100 * a for a in curve.values()], label=report['name'])
+    ax.set_xlabel('questions answered, most confident first (%)')
+    ax.set_ylabel('accuracy of those answered (%)')
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def read_report(path):
+    try:
+        with open(path, encoding='utf-8') as f:
+            report = json.load(f)
+        if not all('confidence' in r for r in report['records']):
+            raise KeyError('confidence')
+        return report
+    except OSError as e:
+        raise files.UserError(f"{path}: cannot read: {e.strerror}")
+    except (ValueError, KeyError, TypeError):
+        raise files.UserError(f"{path}: not a report of analyze.py --params ... --json")
+
+
+def parse_args(argv):
+    argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    argp.add_argument('inputs', nargs='+', help="a predictions file (or with --coverage_plot, "
+                      "the JSON reports to draw)")  # fmt: skip
+    argp.add_argument('--eval_corpus_path', default='birth_dev.tsv')
+    argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
+    argp.add_argument('--finetune_corpus_path', default='birth_places_train.tsv')
+    argp.add_argument('--params', help="the params that made the predictions: adds confidence")
+    argp.add_argument('--variant', choices=list(run.VARIANT_EDITION), default='vanilla')
+    argp.add_argument('--bottleneck_dim', type=int, default=32)
+    argp.add_argument('--invented', type=run.positive(int), default=300, help="invented people")
+    argp.add_argument('--seed', type=int, default=0, help="of the invented names (default 0)")
+    argp.add_argument('--name', help="the model's name in the report (default: the file's)")
+    argp.add_argument('--json', help="write the report, every question's record included")
+    argp.add_argument('--coverage_plot', help="draw the reports' accuracy against coverage")
+    argp.add_argument('--device', choices=devices.DEVICES, default='auto')
+    args = argp.parse_args(argv)
+    if not args.coverage_plot and len(args.inputs) != 1:
+        argp.error("give one predictions file (several inputs are for --coverage_plot)")
+    args.predictions = args.inputs[0]
+    return args
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        if args.coverage_plot:
+            coverage_plot(args.inputs, args.coverage_plot)
+            print(f"accuracy against coverage written to {args.coverage_plot}")
+            return
+        report = analyze(args)
+        print_report(report)
+        if args.json:
+            text = json.dumps(report, indent=1)
+            files.atomic_write(args.json, lambda f: f.write(text.encode('utf-8')))
+    except files.UserError as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == '__main__':
+    main()

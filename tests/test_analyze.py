@@ -1,0 +1,173 @@
+"""analyze.py on hand-built corpora where every figure can be worked out by hand: the
+categories and splits, the AUROC and the coverage curve, the confidence against a direct
+step-by-step computation, the invented names, and bad input as one line."""
+
+import json
+import math
+import re
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import analyze
+import dataset
+import run
+from conftest import write
+
+CORPUS = '\n'.join([
+    'Ada Lovelace. Ada Lovelace was born in London and lived in Paris .',
+    'Alan Turing. Alan Turing was born in Maida Vale ; Alan Turing worked in Manchester .',
+    'Grace Hopper. Grace Hopper was a computer scientist .',
+    'Kurt Godel. Kurt Godel was born in Brno . Kurt Godel . Kurt Godel . Kurt Godel .',
+    'Max Born. Max Born was born in Breslau .',
+    'Who was born where ? We know .',
+]) + '\n'  # fmt: skip
+DEV = [
+    ('Ada Lovelace', 'London'),  # answered London: correct
+    ('Alan Turing', 'Maida Vale'),  # answered Manchester: in his document, wrong
+    ('Grace Hopper', 'New York'),  # answered Paris: not in her document, a top place
+    ('Kurt Godel', 'Brno'),  # answered Atlantis: made up
+    ('Max Born', 'Breslau'),  # answered Breslau: correct
+]
+PREDICTIONS = ['London', 'Manchester', 'Paris', 'Atlantis', 'Breslau']
+TRAIN = [('Emmy Noether', 'Paris'), ('Lise Meitner', 'Paris'), ('Niels Bohr', 'Vienna')]
+
+
+def tsv(rows):
+    return ''.join(f"Where was {person} born?\t{place}\n" for person, place in rows)
+
+
+@pytest.fixture
+def folder(tmp_path):
+    write(tmp_path / 'wiki.txt', CORPUS)
+    write(tmp_path / 'dev.tsv', tsv(DEV))
+    write(tmp_path / 'train.tsv', tsv(TRAIN))
+    write(tmp_path / 'dev.predictions', ''.join(p + '\n' for p in PREDICTIONS))
+    return tmp_path
+
+
+def records(folder):
+    rows = analyze.read_questions(folder / 'dev.tsv')
+    prior = analyze.top_places(analyze.read_questions(folder / 'train.tsv'))
+    assert prior == ['Paris', 'Vienna']
+    return analyze.categorize(rows, PREDICTIONS, CORPUS, prior)
+
+
+def test_each_prediction_falls_in_its_category(folder):
+    found = records(folder)
+    assert [r['person'] for r in found] == [p for p, _ in DEV]
+    assert [r['category'] for r in found] == [
+        'correct', 'own document', 'prior', 'made up', 'correct'
+    ]  # fmt: skip
+    # New York is not in Grace Hopper's document; Godel's place is, as whole words only
+    assert [r['gold in document'] for r in found] == [True, True, False, True, True]
+    # whole words: "Max Born" twice, not counting "born"; Godel's name five times
+    assert [r['name count'] for r in found] == [2, 3, 2, 5, 2]
+
+
+def test_accuracy_splits(folder):
+    found = records(folder)
+    by_document = analyze.split_accuracy(found, lambda r: r['gold in document'])
+    assert by_document == {'True': [2, 4], 'False': [0, 1]}
+    by_count = analyze.split_accuracy(found, lambda r: analyze.name_bin(r['name count']))
+    assert by_count == {'2-3': [2, 4], '4-7': [0, 1]}
+    assert [analyze.name_bin(n) for n in (0, 1, 2, 3, 4, 7, 8, 100)] == [
+        '0', '1', '2-3', '2-3', '4-7', '4-7', '8+', '8+'
+    ]  # fmt: skip
+
+
+def test_a_place_in_the_document_counts_as_whole_words_only():
+    assert analyze.occurs('born in Paris .', 'Paris')
+    assert not analyze.occurs('born in Parisian hills', 'Paris')
+    assert not analyze.occurs('anything', '')
+    assert analyze.category('', 'Rome', 'born in Rome', ['Paris']) == 'made up'
+
+
+def test_auroc_and_coverage_by_hand():
+    scores, labels = [0.9, 0.8, 0.7, 0.1], [True, False, True, False]
+    # right 0.9 and 0.7 against wrong 0.8 and 0.1: 0.9 beats both, 0.7 beats 0.1 only
+    assert analyze.auroc(scores, labels) == 3 / 4
+    assert analyze.auroc([0.5, 0.5], [True, False]) == 0.5  # a tie counts half
+    assert analyze.auroc([0.9, 0.1], [True, True]) is None
+    assert analyze.auroc([0.1, 0.9], [True, False]) == 0.0
+    assert analyze.coverage_accuracy(scores, labels) == {
+        '0.25': 1.0, '0.5': 0.5, '0.75': 2 / 3, '1.0': 0.5
+    }  # fmt: skip
+
+
+def direct_confidence(gpt, ds, question, answer):
+    """P(answer + MASK | question + MASK), one character at a time with the plain forward."""
+    ids = [ds.stoi[c] for c in question] + [ds.stoi[ds.MASK_CHAR]]
+    probability = 1.0
+    for c in list(answer) + [ds.MASK_CHAR]:
+        logits, _ = gpt(torch.tensor([ids]))
+        probability *= F.softmax(logits[0, -1].double(), dim=-1)[ds.stoi[c]].item()
+        ids.append(ds.stoi[c])
+    return probability
+
+
+@pytest.mark.parametrize('variant', ['vanilla', 'synthesizer', 'perceiver', 'rope'])
+def test_confidence_equals_the_step_by_step_probability(variant):
+    ds = dataset.CharCorruptionDataset(CORPUS, 128)
+    torch.manual_seed(0)
+    gpt = run.new_model(variant, ds.vocab_size, 16).eval()
+    for p in gpt.parameters():  # far from uniform, so that a wrong position shows
+        torch.nn.init.normal_(p, std=0.3)
+    questions = ['Where was Ada Lovelace born?', 'Where was Max born?', 'Who?']
+    answers = ['London', '', 'Maida Vale and more']
+    found = analyze.confidences(gpt, questions, answers, ds, batch_size=2)
+    with torch.no_grad():
+        expected = [direct_confidence(gpt, ds, q, a) for q, a in zip(questions, answers)]
+    assert found == pytest.approx(expected, rel=1e-4)
+    assert len({round(math.log(p), 3) for p in found}) == 3
+
+
+def test_invented_names_are_new_and_made_of_the_finetuning_names(folder):
+    rows = analyze.read_questions(folder / 'train.tsv')
+    text = (folder / 'train.tsv').read_text()
+    names = analyze.invent_names(rows, CORPUS, text, 4, seed=1)
+    assert len(names) == len(set(names)) == 4
+    assert names == analyze.invent_names(rows, CORPUS, text, 4, seed=1)
+    for name in names:
+        first, last = name.split()
+        assert first in {'Emmy', 'Lise', 'Niels'} and last in {'Noether', 'Meitner', 'Bohr'}
+        assert name not in CORPUS and name not in text
+
+
+def test_the_command_reports_and_writes_json(params, capsys):
+    """End to end on the suite's tiny corpus, with an untrained model's params (whose own
+    answers may hold newlines: the predictions here are written by hand)."""
+    write(params / 'dev.predictions', 'London\nParis\n\nRome\n')  # one per dev question
+    analyze.main([
+        str(params / 'dev.predictions'), '--eval_corpus_path', str(params / 'dev.tsv'),
+        '--pretrain_corpus_path', str(params / 'wiki.txt'), '--finetune_corpus_path',
+        str(params / 'train.tsv'), '--params', str(params / 'vanilla.params'), '--invented', '3',
+        '--json', str(params / 'report.json'), '--name', 'untrained', '--device', 'cpu',
+    ])  # fmt: skip
+    out = capsys.readouterr().out
+    assert 'untrained: accuracy' in out and 'invented people (3)' in out
+    report = json.loads((params / 'report.json').read_text())
+    assert report['questions'] == 4 and sum(report['categories'].values()) == 4
+    assert all(0 < r['confidence'] <= 1 for r in report['records'])
+    assert len(report['invented people']['answers']) == 3
+
+
+@pytest.mark.parametrize('predictions, tsv_text, message', [
+    ('London\n', None, r"dev.predictions: 1 predictions for the 5 questions of .*dev.tsv$"),
+    (None, 'Where was Ada born?\n', r"dev.tsv, line 1: expected 'question<TAB>place'$"),
+])  # fmt: skip
+def test_mismatched_files_are_one_clear_line(folder, capsys, predictions, tsv_text, message):
+    if predictions is not None:
+        write(folder / 'dev.predictions', predictions)
+    if tsv_text is not None:
+        write(folder / 'dev.tsv', tsv_text)
+    with pytest.raises(SystemExit) as stop:
+        analyze.main([
+            str(folder / 'dev.predictions'), '--eval_corpus_path', str(folder / 'dev.tsv'),
+            '--pretrain_corpus_path', str(folder / 'wiki.txt'),
+            '--finetune_corpus_path', str(folder / 'train.tsv'),
+        ])  # fmt: skip
+    assert str(stop.value.code).startswith('error: ')
+    assert len(str(stop.value.code).splitlines()) == 1
+    assert re.search(message, str(stop.value.code)), stop.value.code

@@ -336,6 +336,7 @@ def print_report(report):
 
 def coverage_plot(report_paths, out):
     """Accuracy against coverage, a line per report that has confidences."""
+    reports = [read_report(path) for path in report_paths]
     try:
         import matplotlib
 
@@ -344,8 +345,7 @@ def coverage_plot(report_paths, out):
     except ImportError:
         raise files.UserError("--coverage_plot needs matplotlib (pip install matplotlib)")
     fig, ax = plt.subplots(figsize=(6, 4))
-    for path in report_paths:
-        report = read_report(path)
+    for report in reports:
         scores = [r['confidence'] for r in report['records']]
         labels = [r['category'] == 'correct' for r in report['records']]
         steps = [i / 20 for i in range(1, 21)]
@@ -353,6 +353,8 @@ def coverage_plot(report_paths, out):
         ax.plot([100 * c for c in steps], [100 * a for a in curve.values()], label=report['name'])
     ax.set_xlabel('questions answered, most confident first (%)')
     ax.set_ylabel('accuracy of those answered (%)')
+    ax.set_xlim(0, 100)
+    ax.set_ylim(bottom=0)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -171,3 +171,19 @@ def test_mismatched_files_are_one_clear_line(folder, capsys, predictions, tsv_te
     assert str(stop.value.code).startswith('error: ')
     assert len(str(stop.value.code).splitlines()) == 1
     assert re.search(message, str(stop.value.code)), stop.value.code
+
+
+def test_coverage_plot_draws_reports_and_refuses_others(tmp_path, capsys):
+    report = {'name': 'm', 'records': [{'confidence': c, 'category': k} for c, k in
+              [(0.9, 'correct'), (0.5, 'made up'), (0.2, 'prior')]]}  # fmt: skip
+    write(tmp_path / 'r.json', json.dumps(report))
+    write(tmp_path / 'no_params.json', json.dumps({'name': 'n', 'records': [{'category': 'x'}]}))
+    with pytest.raises(SystemExit) as stop:
+        analyze.main([str(tmp_path / 'r.json'), str(tmp_path / 'no_params.json'),
+                      '--coverage_plot', str(tmp_path / 'c.png')])  # fmt: skip
+    assert str(stop.value.code).endswith(
+        "no_params.json: not a report of analyze.py --params ... --json"
+    )
+    pytest.importorskip('matplotlib', reason='the picture needs matplotlib, an optional install')
+    analyze.main([str(tmp_path / 'r.json'), '--coverage_plot', str(tmp_path / 'c.png')])
+    assert (tmp_path / 'c.png').read_bytes()[:4] == b'\x89PNG'

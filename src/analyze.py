@@ -79,9 +79,10 @@ def read_predictions(path, questions, questions_path):
 
 
 def documents(corpus, people):
-    """{person: the first line of the corpus that begins with their name, or ''}."""
+    """{person: the first line of the corpus that begins with their whole name, or ''}."""
     lines = corpus.split('\n')
-    return {p: next((line for line in lines if line.startswith(p)), '') for p in people}
+    starts = lambda line, p: line.startswith(p) and not line[len(p) : len(p) + 1].isalnum()
+    return {p: next((line for line in lines if starts(line, p)), '') for p in people}
 
 
 def top_places(finetune_rows, n=PRIOR_PLACES):

@@ -82,6 +82,10 @@ def test_a_place_in_the_document_counts_as_whole_words_only():
     assert not analyze.occurs('born in Parisian hills', 'Paris')
     assert not analyze.occurs('anything', '')
     assert analyze.category('', 'Rome', 'born in Rome', ['Paris']) == 'made up'
+    corpus = 'Ada Lovelaceson. Born in Rome .\nAda Lovelace. Born in London .\n'
+    assert analyze.documents(corpus, ['Ada Lovelace']) == {
+        'Ada Lovelace': 'Ada Lovelace. Born in London .'
+    }
 
 
 def test_auroc_and_coverage_by_hand():

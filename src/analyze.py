@@ -297,7 +297,7 @@ def load_model(args, corpus):
         args.params, args.variant, vocab_size, args.pretrain_corpus_path, args.bottleneck_dim
     )
     gpt = run.new_model(args.variant, vocab_size, args.bottleneck_dim)
-    gpt.load_state_dict(state)
+    run.load_into(gpt, state)
     return gpt.to(devices.pick_device(args.device)), pretrain_dataset
 
 

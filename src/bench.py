@@ -146,7 +146,7 @@ def model_flops(kept_positions, rows, n_embd=256, n_layer=4, vocab=256):
 def bench_evaluate(corpus, params, n_plain, device, variant, bottleneck_dim):
     gpt = make_model(corpus.vocab_size, False, variant, bottleneck_dim)
     if params is not None:
-        gpt.load_state_dict(params)
+        run.load_into(gpt, params)
     gpt.to(device).eval()
     questions = files.read_lines('birth_dev.tsv')
     room = run.BLOCK_SIZE - 2 - run.ANSWER_LENGTH

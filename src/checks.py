@@ -9,6 +9,7 @@ import os
 
 import dataset
 import files
+import finetune_methods
 from files import UserError
 
 # The flags each phase cannot do without.
@@ -36,6 +37,26 @@ def check_flags(args, block_size, padded_length):
         raise UserError(
             f"--edition {args.edition}: its {block_size}-long pretraining examples do not "
             f"fit the synthesizer's {block_size - 1} positions"
+        )
+
+
+def check_finetune_method(args, state):
+    """--finetune_method and its flags fit the phase and the params it reads (`state`)."""
+    method = args.finetune_method
+    if method != 'full' and args.function != 'finetune':
+        raise UserError(f"--finetune_method {method} applies to finetune only")
+    for flag, owner in (('lora_rank', 'lora'), ('lora_alpha', 'lora'), ('adapter_size', 'adapter')):
+        if getattr(args, flag) is not None and method != owner:
+            raise UserError(f"--{flag} applies to --finetune_method {owner} only")
+    if method != 'full' and state is None:
+        raise UserError(
+            f"--finetune_method {method} trains a few new weights on a frozen pretrained "
+            f"model: it needs --reading_params_path"
+        )
+    if args.function == 'finetune' and state is not None and finetune_methods.adapter_size(state):
+        raise UserError(
+            f"--reading_params_path {args.reading_params_path}: holds adapters (a model "
+            f"finetuned with --finetune_method adapter); finetune from the pretrained params"
         )
 
 

@@ -19,14 +19,16 @@ KEEP_TENSORS = (
 
 def load_params(path, variant, shapes, corpus_path, model_name):
     """The state_dict in `path`, loaded without running anything in the file (tensors and
-    plain values only) and checked to be a `variant` model with exactly these `shapes`
-    ({name: torch.Size}, of the model it is for: `model_name`), whose vocabulary is
-    corpus_path's. Any problem is one UserError line."""
+    plain values only) and checked to be a `variant` model with exactly the shapes
+    `shapes(state)` gives ({name: torch.Size}, of the model it is for: `model_name`; a
+    function of the state, which may hold adapters), whose vocabulary is corpus_path's.
+    Any problem is one UserError line."""
     where = f"--reading_params_path {path}"
     state = read_state_dict(path, where)
     found = params_variant(state)
     if found != variant:
         raise UserError(f"{where}: holds a {found} model, but the variant is {variant}")
+    shapes = shapes(state)
     embedding = state['tok_emb.weight']  # (vocab_size, n_embd) when it has the right shape
     vocab_size = shapes['tok_emb.weight'][0]
     if embedding.dim() == 2 and embedding.size(0) != vocab_size:

@@ -38,6 +38,7 @@ SETTINGS = (
     'warmup_tokens',
     'final_tokens',
     'precision',
+    'finetune_method',
 )
 
 # The parts of a resumable state, and the type of each.
@@ -204,7 +205,12 @@ def check_state_fits(state, run, where):
     """The state was saved by a run with this run's settings, stopped where this run can
     continue, with a model of this run's shapes."""
     config = run.config
-    saved = {**state['config'], 'examples': state['dataset_len'], 'processes': state['processes']}
+    saved = {
+        'finetune_method': 'full',  # states saved before there were other methods
+        **state['config'],
+        'examples': state['dataset_len'],
+        'processes': state['processes'],
+    }
     current = {
         **{k: getattr(config, k) for k in SETTINGS},
         'examples': len(run.train_dataset),

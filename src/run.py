@@ -30,6 +30,7 @@ import decoding
 import devices
 import distributed
 import files
+import finetune_methods
 import metrics
 import model
 import params_files
@@ -91,6 +92,7 @@ def parse_args(argv=None):
     argp.add_argument('--eval_corpus_path', help="Path of the corpus to evaluate on")
     argp.add_argument('--outputs_path', help="Path to write one prediction per line to")
     add_later_editions(argp)
+    add_finetune_methods(argp.add_argument_group("parameter-efficient finetuning"))
     add_overrides(argp.add_argument_group("overrides (defaults: the handout's settings)"))
     args = argp.parse_args(argv)
     args.edition = args.edition or VARIANT_EDITION[args.variant]
@@ -128,6 +130,27 @@ def add_later_editions(argp):
         help="the handout edition whose settings to use (default: the variant's: "
         + ", ".join(f"{v} {e}" for v, e in VARIANT_EDITION.items())
         + ")",
+    )
+
+
+def add_finetune_methods(group):
+    group.add_argument(
+        '--finetune_method',
+        choices=finetune_methods.METHODS,
+        default='full',
+        help="what finetuning trains: every weight (full, the handout's), or only LoRA's "
+        "low-rank updates or bottleneck adapters on the frozen pretrained model",
+    )
+    group.add_argument(
+        '--lora_rank', type=positive(int), help="rank r of the LoRA updates (default 8)"
+    )
+    group.add_argument(
+        '--lora_alpha',
+        type=positive(float),
+        help="LoRA's alpha: the updates are scaled by alpha/r (default 8)",
+    )
+    group.add_argument(
+        '--adapter_size', type=positive(int), help="features in each adapter (default 16)"
     )
 
 
@@ -174,8 +197,9 @@ def finetune(args):
     if args.reading_params_path:
         gpt.load_state_dict(read_params(args, pretrain_dataset.vocab_size))
         phase = 'finetune from pretrained'
+    finetune_methods.apply(gpt, args.finetune_method, **finetune_methods.settings(args))
     names = dataset.NameDataset(pretrain_dataset, files.read_text(args.finetune_corpus_path))
-    train(args, phase, gpt, names, pretrain_dataset)
+    return train(args, phase, gpt, names, pretrain_dataset)
 
 
 def evaluate(args):
@@ -183,7 +207,11 @@ def evaluate(args):
     prints the accuracy when the file has gold places. Returns (total, correct)."""
     pretrain_dataset = load_pretrain_dataset(args)
     gpt = build_model(args, pretrain_dataset)
-    gpt.load_state_dict(read_params(args, pretrain_dataset.vocab_size))
+    state = read_params(args, pretrain_dataset.vocab_size)
+    if load_into(gpt, state):
+        print(
+            f"{args.reading_params_path}: evaluating with its adapters (--finetune_method adapter)"
+        )
     gpt.to(devices.pick_device(args.device))
 
     questions = [line.split('\t')[0] for line in files.read_lines(args.eval_corpus_path)]
@@ -235,8 +263,19 @@ def model_config(variant, vocab_size, bottleneck_dim):
     )
 
 
+def load_into(gpt, state):
+    """Loads a params state_dict into gpt, adding the adapters it holds first, if any
+    (params finetuned with --finetune_method adapter). Returns whether it held adapters."""
+    size = finetune_methods.adapter_size(state)
+    if size is not None:
+        finetune_methods.add_adapters(gpt, size)
+    gpt.load_state_dict(state)
+    return size is not None
+
+
 def train(args, phase, gpt, train_dataset, pretrain_dataset):
-    """Train gpt on train_dataset with the phase's settings, then write its params."""
+    """Train gpt on train_dataset with the phase's settings, then write its params (with
+    LoRA merged into the weights). Returns the Trainer."""
     device = devices.pick_device(args.device)
     if distributed.PROCESSES > 1 and not torch.distributed.is_initialized():
         distributed.init_distributed(device)  # first: it picks this process's GPU
@@ -249,14 +288,15 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
     print(
         f"{phase}: {config.max_epochs} epochs, batch {config.batch_size}, "
         f"lr {config.learning_rate:g}, {args.edition} edition settings, "
-        f"{sum(p.numel() for p in gpt.parameters()):,} parameters, "
+        f"{describe_parameters(gpt, config.finetune_method)}, "
         f"on {device}, {devices.PRECISION_NAMES[config.precision]}"
     )
     run = trainer.Trainer(gpt, train_dataset, None, config)
     run.train()
     path = args.writing_params_path
     if run.rank == 0:
-        files.atomic_save(params_files.cpu_state_dict(gpt), path)
+        state = finetune_methods.merge_lora(params_files.cpu_state_dict(gpt), gpt)
+        files.atomic_save(state, path)
         # only now: a run stopped before its params are written can still be resumed
         if os.path.exists(config.resume_path):
             os.remove(config.resume_path)
@@ -266,6 +306,18 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
         f"{phase} done: {run.steps_run} steps in {format_seconds(seconds)} "
         f"({run.tokens_per_s(run.steps_run, T):,.0f} tokens/s), "
         f"final loss {run.final_loss:.4f}; params written to {path}"
+    )
+    return run
+
+
+def describe_parameters(gpt, method):
+    """'N parameters', and how many of them train when not all do."""
+    total = sum(p.numel() for p in gpt.parameters())
+    trainable = sum(p.numel() for p in gpt.parameters() if p.requires_grad)
+    if trainable == total:
+        return f"{total:,} parameters"
+    return (
+        f"{total:,} parameters, {trainable:,} of them trained ({trainable / total:.2%}: {method})"
     )
 
 
@@ -290,6 +342,9 @@ def trainer_config(args, phase, corpus_lines, device):
         resume=args.resume,
         metrics_path=path + '.metrics.csv',
         tensorboard_dir=metrics.tensorboard_dir(args),
+        finetune_method=finetune_methods.describe(
+            'full' if pretraining else args.finetune_method, **finetune_methods.settings(args)
+        ),
     )
 
 
@@ -311,8 +366,8 @@ def check_args(args):
         checks.check_tsv(args.finetune_corpus_path, vocab, BLOCK_SIZE, training=True)
     if args.function == 'evaluate':
         checks.check_tsv(args.eval_corpus_path, vocab, BLOCK_SIZE, training=False)
-    if args.reading_params_path:
-        read_params(args, len(vocab) + 2)
+    state = read_params(args, len(vocab) + 2) if args.reading_params_path else None
+    checks.check_finetune_method(args, state)
     checks.check_outputs(args)
 
 
@@ -330,16 +385,23 @@ def read_params(args, vocab_size):
 def load_params(path, variant, vocab_size, corpus_path, bottleneck_dim=32):
     """The state_dict in `path`, checked to fit a `variant` model of the assignment's size
     for the vocabulary of corpus_path (vocab_size symbols); see params_files.load_params."""
-    shapes = state_shapes(variant, vocab_size, bottleneck_dim)
     model_name = f"a {variant} model with {MODEL_SIZE} and block size {BLOCK_SIZE}"
+
+    def shapes(state):  # of the model the file is for: with its adapters, if it has any
+        return state_shapes(
+            variant, vocab_size, bottleneck_dim, finetune_methods.adapter_size(state)
+        )
+
     return params_files.load_params(path, variant, shapes, corpus_path, model_name)
 
 
 @functools.lru_cache  # check_args and the phase both load the params
-def state_shapes(variant, vocab_size, bottleneck_dim):
+def state_shapes(variant, vocab_size, bottleneck_dim, adapter_size=None):
     # its initialisation must not move the seeded random state
     with torch.random.fork_rng(devices=[]):
         gpt = new_model(variant, vocab_size, bottleneck_dim)
+        if adapter_size is not None:
+            finetune_methods.add_adapters(gpt, adapter_size)
     return {name: tensor.shape for name, tensor in gpt.state_dict().items()}
 
 

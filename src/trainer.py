@@ -51,6 +51,7 @@ class TrainerConfig:
     tensorboard_dir = None
     save_every_s = 60  # how often (at an epoch's end) the resumable state is refreshed
     log_every = 10  # steps between progress updates; each one waits for the device
+    finetune_method = 'full'  # which weights train (finetune_methods.describe): checked on resume
 
     def __init__(self, **kwargs):
         for k, v in kwargs.items():
@@ -95,7 +96,8 @@ class Trainer:
 
     def make_optimizer(self):
         config = self.config
-        named = list(self.model.named_parameters())
+        # only the weights that train: all, unless a finetune_methods method froze most
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         # The original also lists "LayerNorm.weight", which no name here contains
         # (they are ln1/ln2/ln_f), so LayerNorm weights do decay, as they did there.
         decay = [p for n, p in named if 'bias' not in n]

@@ -306,6 +306,36 @@ LATER_EDITIONS_BAD = [
 ]
 
 
+# (the whole argv, expected message): --finetune_method and its flags
+FINETUNE_FROM = (
+    'finetune vanilla wiki.txt --writing_params_path x.params --finetune_corpus_path train.tsv'
+)
+FINETUNE_METHOD_BAD = [
+    (
+        f'{FINETUNE_FROM} --finetune_method lora',
+        r'^error: --finetune_method lora trains a few new weights on a frozen pretrained '
+        r'model: it needs --reading_params_path$',
+    ),
+    (
+        f'{FINETUNE_FROM} --reading_params_path vanilla.params --lora_rank 4',
+        r'^error: --lora_rank applies to --finetune_method lora only$',
+    ),
+    (
+        f'{FINETUNE_FROM} --reading_params_path vanilla.params --finetune_method lora --adapter_size 8',
+        r'^error: --adapter_size applies to --finetune_method adapter only$',
+    ),
+    (
+        'evaluate vanilla wiki.txt --reading_params_path vanilla.params --eval_corpus_path dev.tsv '
+        '--outputs_path o --finetune_method adapter',
+        r'^error: --finetune_method adapter applies to finetune only$',
+    ),
+    (
+        'pretrain vanilla wiki.txt --writing_params_path x.params --finetune_method lora',
+        r'^error: --finetune_method lora applies to finetune only$',
+    ),
+]
+
+
 def bad_input_cases():
     for function, cases in (
         ('pretrain', BAD_INPUT),
@@ -316,6 +346,9 @@ def bad_input_cases():
             yield pytest.param(
                 [function, 'vanilla', *argv], inputs, message, id=f'{function}: {what}'
             )
+    for command, message in FINETUNE_METHOD_BAD:
+        argv = command.split()
+        yield pytest.param(argv, {}, message, id=' '.join(argv[:2] + argv[-2:]))
     for argv, message in LATER_EDITIONS_BAD:
         yield pytest.param(argv, {}, message, id=' '.join(map(str, argv[:2] + argv[-1:])))
 

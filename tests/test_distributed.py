@@ -8,11 +8,13 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import dataset
+import finetune_methods
 import model
 import packing
 import resume
@@ -20,9 +22,10 @@ import trainer
 from conftest import ROOT, tiny_corpus
 
 
-def setup(folder, **overrides):
+def setup(folder, method='full', **overrides):
     """The tiny corpus, without dropout; batches of 5 of its 36 lines, so that the epoch
-    ends with a single row and one process gets none."""
+    ends with a single row and one process gets none. method: a finetuning method that
+    trains part of the model (finetune_methods.py)."""
     text, _ = tiny_corpus()
     ds = dataset.CharCorruptionDataset(text, 32)
     torch.manual_seed(0)
@@ -38,6 +41,7 @@ def setup(folder, **overrides):
             attn_pdrop=0.0,
         )
     )
+    finetune_methods.apply(gpt, method, lora_rank=2, lora_alpha=2.0, adapter_size=4)
     settings = dict(
         max_epochs=1,
         batch_size=5,
@@ -55,7 +59,7 @@ def setup(folder, **overrides):
     return gpt, ds, trainer.TrainerConfig(**settings)
 
 
-def interrupted_run(rank, world_size, folder):
+def interrupted_run(rank, world_size, folder, method):
     """A stop signal reaches process 0 alone during step 2; every process must stop after
     the same step, and the run is then resumed in fresh models."""
     dist.init_process_group(
@@ -63,7 +67,7 @@ def interrupted_run(rank, world_size, folder):
     )
     torch.set_num_threads(1)
     random.seed(0)
-    gpt, ds, config = setup(folder)
+    gpt, ds, config = setup(folder, method)
     t = trainer.Trainer(gpt, ds, None, config)
     seed = torch.initial_seed()
     real, steps = gpt.packed_loss, {'n': 0}
@@ -82,7 +86,7 @@ def interrupted_run(rank, world_size, folder):
         stopped = str(e)
     random.seed(100 + rank)
     torch.manual_seed(100 + rank)
-    gpt, ds, config = setup(folder, resume=True)
+    gpt, ds, config = setup(folder, method, resume=True)
     trainer.Trainer(gpt, ds, None, config).train()
     torch.save(
         {'params': gpt.state_dict(), 'seed': seed, 'stopped': stopped}, folder / f'rank{rank}.pt'
@@ -94,15 +98,16 @@ def csv_losses(path):
     return [float(row.split(',')[2]) for row in path.read_text().splitlines()[1:]]
 
 
-def test_two_processes_compute_what_one_computes(tmp_path):
+@pytest.mark.parametrize('method', ['full', 'lora'])  # lora: most weights frozen
+def test_two_processes_compute_what_one_computes(tmp_path, method):
     single, ddp = tmp_path / 'single', tmp_path / 'ddp'
     single.mkdir(), ddp.mkdir()
     random.seed(0)
-    gpt, ds, config = setup(single)
+    gpt, ds, config = setup(single, method)
     trainer.Trainer(gpt, ds, None, config).train()
     expected = gpt.state_dict()
 
-    mp.start_processes(interrupted_run, args=(2, ddp), nprocs=2, start_method='spawn')
+    mp.start_processes(interrupted_run, args=(2, ddp, method), nprocs=2, start_method='spawn')
     results = [torch.load(ddp / f'rank{r}.pt', weights_only=False) for r in range(2)]
     assert (
         results[0]['stopped']

@@ -1,6 +1,9 @@
 """metrics.py: a resumed run's TensorBoard log replaces the steps logged after its saved
 state."""
 
+import itertools
+import types
+
 import pytest
 import torch
 
@@ -17,7 +20,16 @@ def tensorboard_scalars(folder):
     }
 
 
-def test_tensorboard_log_of_a_resumed_run_replaces_the_steps_after_its_state(tmp_path):
+def test_tensorboard_log_of_a_resumed_run_replaces_the_steps_after_its_state(tmp_path, monkeypatch):
+    # TensorBoard reads the event files in name order, and names them for the second they
+    # were opened, then the process's count of files, as text ('10' before '9'): two opened
+    # in one second by this process may be read in the wrong order. A resumed run opens its
+    # file in another process, seconds later; so do these, on a clock of their own.
+    from tensorboard.summary.writer import event_file_writer
+
+    clock = itertools.count(1_000_000_000, 10)
+    monkeypatch.setattr(event_file_writer, 'time', types.SimpleNamespace(time=lambda: next(clock)))
+
     def log(first_step, losses, append):
         steps = metrics.MetricsLog(
             tmp_path / 'm.csv',

@@ -19,11 +19,13 @@ import trainer
 from test_trainer import tiny_setup
 
 
-def train_to_end(tmp_path, interrupt_at=None, precision='fp32'):
+def train_to_end(tmp_path, interrupt_at=None, precision='fp32', prepare=lambda gpt: None):
     """Train the tiny setup; with interrupt_at=k, SIGINT arrives during step k and the
-    run is then resumed. Returns the final state_dict."""
+    run is then resumed. prepare(model) runs on each new model before training (a
+    finetuning method). Returns the final state_dict."""
     random.seed(0)
     gpt, ds, config = tiny_setup(resume_path=str(tmp_path / 'state.resume'), precision=precision)
+    prepare(gpt)
     steps = {'n': 0}
     loss_fn = gpt.packed_loss
 
@@ -48,6 +50,7 @@ def train_to_end(tmp_path, interrupt_at=None, precision='fp32'):
         gpt, ds, config = tiny_setup(
             resume_path=str(tmp_path / 'state.resume'), resume=True, precision=precision
         )
+        prepare(gpt)
     trainer.Trainer(gpt, ds, None, config).train()
     return gpt.state_dict()
 

@@ -1,0 +1,337 @@
+"""Finetuning with error bars: every pretrained model x finetuning method x seed, finetuned
+and evaluated one after another, and a table of dev accuracy as mean, standard deviation
+and every run, with the trainable parameters and the finetuning time of each.
+
+    python src/grid.py --pretrained vanilla.pretrain.params rope.pretrain.params \\
+        --methods full lora:1 lora:4 lora:16 adapter --seeds 0 1 2 3 4 --outdir grid
+    python src/grid.py --pretrained vanilla.pretrain.params --methods full lora:4 \\
+        --seeds 0 1 --max_epochs 1 --outdir grid_quick      # a quick look
+    python src/grid.py --outdir grid --plot grid.png       # the table and picture only
+
+Each run is the handout's finetune command from the pretrained params, with
+--finetune_method and --seed (a method is full, lora:RANK or adapter:SIZE, or lora and
+adapter for the defaults), then evaluate on the dev set and on the test inputs. The
+variant (and the perceiver's bottleneck) is read from each params file, and a model is
+named for its file: perceiver.s1.pretrain.params is perceiver.s1.
+
+Outputs go to --outdir: MODEL.METHOD.sSEED.params and its .dev/.test.predictions;
+grid.json records each run's settings, the md5 of the params it started from, the code's
+commit and its figures; grid.md holds the table, grid.csv every run. A run whose
+predictions exist with the same settings is skipped, and an interrupted one resumes, so
+after an interruption run the same command again; one made with other settings is
+refused before any work.
+"""
+
+import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
+
+import argparse
+import csv
+import io
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+
+import devices
+import files
+import finetune_methods
+import metrics
+import params_files
+import reproduce
+import resume
+import run
+
+
+def parse_method(text):
+    """'full', 'lora', 'lora:RANK', 'adapter' or 'adapter:SIZE' -> (name, run.py flags)."""
+    name, _, size = text.partition(':')
+    flag = {'lora': '--lora_rank', 'adapter': '--adapter_size'}.get(name)
+    if name not in finetune_methods.METHODS or (size and (flag is None or not size.isdigit())):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a method is full, lora, lora:RANK, adapter or adapter:SIZE"
+        )
+    flags = ['--finetune_method', name] + ([flag, size] if size else [])
+    return text, flags
+
+
+def parse_args(argv):
+    argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    argp.add_argument('--pretrained', nargs='+', default=[], help="pretrained params files")
+    argp.add_argument(
+        '--methods', nargs='+', type=parse_method, default=[parse_method('full')],
+        help="finetuning methods: full, lora[:RANK], adapter[:SIZE] (default full)",
+    )  # fmt: skip
+    argp.add_argument('--seeds', nargs='+', type=int, default=[0], help="finetuning seeds")
+    argp.add_argument('--outdir', default='grid', help="where the runs go (default grid)")
+    argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
+    argp.add_argument('--finetune_corpus_path', default='birth_places_train.tsv')
+    argp.add_argument('--eval_corpus_path', default='birth_dev.tsv')
+    argp.add_argument('--test_corpus_path', default='birth_test_inputs.tsv')
+    argp.add_argument('--max_epochs', type=run.positive(int), help="cap finetuning at this")
+    argp.add_argument('--finetune_lr', type=run.positive(float), help="default: run.py's")
+    argp.add_argument('--lora_alpha', type=run.positive(float), help="default: run.py's")
+    devices.add_arguments(argp)
+    argp.add_argument('--plot', help="also draw accuracy against trainable parameters here")
+    return argp.parse_args(argv)
+
+
+def pretrained_model(path):
+    """(name, variant, run.py flags for its shape) of a pretrained params file."""
+    state = params_files.read_state_dict(path, f"--pretrained {path}")
+    variant = params_files.params_variant(state)
+    flags = (
+        ['--bottleneck_dim', str(state['down_block.C'].size(1))] if variant == 'perceiver' else []
+    )
+    name = os.path.basename(path).removesuffix('.params').removesuffix('.pretrain')
+    return name, variant, flags
+
+
+def planned_runs(args):
+    """[(key, output prefix, settings to record, run.py argvs: finetune, evaluate dev and
+    test)], one per model x method x seed."""
+    runs = []
+    for path in args.pretrained:
+        name, variant, shape = pretrained_model(path)
+        for method, method_flags in args.methods:
+            for seed in args.seeds:
+                out = os.path.join(args.outdir, f"{name}.{method.replace(':', '')}.s{seed}")
+                common = [variant, args.pretrain_corpus_path, '--seed', str(seed), *shape,
+                          '--device', args.device]  # fmt: skip
+                finetune = ['finetune', *common, '--reading_params_path', path,
+                            '--writing_params_path', out + '.params',
+                            '--finetune_corpus_path', args.finetune_corpus_path,
+                            *method_flags, *overrides(args)]  # fmt: skip
+                evaluate = ['evaluate', *common, '--reading_params_path', out + '.params']
+                dev = evaluate + ['--eval_corpus_path', args.eval_corpus_path,
+                                  '--outputs_path', out + '.dev.predictions']  # fmt: skip
+                test = evaluate + ['--eval_corpus_path', args.test_corpus_path,
+                                   '--outputs_path', out + '.test.predictions']  # fmt: skip
+                made_with = {'model': name, 'method': method, 'seed': seed,
+                             'finetune': finetune[1:], 'pretrained_md5': md5(path)}  # fmt: skip
+                runs.append((f"{name} {method} s{seed}", out, made_with, [finetune, dev, test]))
+    return runs
+
+
+def md5(path):
+    return reproduce.input_digests(['--reading_params_path', path])[path]
+
+
+def overrides(args):
+    """The flags passed on to every finetuning."""
+    flags = []
+    for name in ('max_epochs', 'finetune_lr', 'lora_alpha'):
+        if getattr(args, name) is not None:
+            flags += [f'--{name}', str(getattr(args, name))]
+    return flags + ['--precision', args.precision]
+
+
+def commit():
+    """The code's git commit (with '+changes' when the tree differs from it), or None."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    git = lambda *a: subprocess.run(['git', *a], cwd=here, capture_output=True, text=True)
+    try:
+        head, changes = git('rev-parse', 'HEAD'), git('status', '--porcelain', '-uno')
+    except OSError:
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ('+changes' if changes.stdout.strip() else '')
+
+
+def run_phase(argv):
+    """One run.py command in this process: its result (a Trainer, or (total, correct))."""
+    args = run.parse_args(argv)
+    run.check_args(args)
+    return {'finetune': run.finetune, 'evaluate': run.evaluate}[args.function](args)
+
+
+def run_all(args):
+    """Every run whose dev and test predictions are missing; returns the record."""
+    os.makedirs(args.outdir, exist_ok=True)
+    path = os.path.join(args.outdir, 'grid.json')
+    record = read_record(path)
+    save = lambda: files.atomic_write(
+        path, lambda f: f.write(json.dumps(record, indent=1).encode())
+    )
+    runs = planned_runs(args)
+    check_made_with(runs, record)
+    code = commit()
+    for key, out, made_with, (finetune, dev, test) in runs:
+        outputs = [out + '.params', out + '.dev.predictions', out + '.test.predictions']
+        if all(os.path.exists(p) for p in outputs) and 'dev_correct' in record.get(key, {}):
+            print(f"== {key}: {out}.* exist, skipped")
+            continue
+        print(f"== {key}")
+        entry = record.setdefault(key, {'made_with': made_with, 'commit': code})
+        save()  # before the work: a leftover .resume is then known to be this run's
+        if not os.path.exists(out + '.params'):
+            resuming = ['--resume'] if os.path.exists(out + '.params.resume') else []
+            trainer = run_phase(finetune + resuming)
+            model = trainer.model
+            entry['trainable'] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            entry['parameters'] = sum(p.numel() for p in model.parameters())
+            entry['finetune_seconds'] = trainer.elapsed
+            save()
+        entry['dev_total'], entry['dev_correct'] = run_phase(dev)
+        run_phase(test)
+        save()
+    return record
+
+
+def read_record(path):
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding='utf-8') as f:
+            return json.load(f)
+    except ValueError:
+        raise files.UserError(f"{path}: not a grid record (not JSON); move it away to start afresh")
+
+
+def check_made_with(runs, record):
+    """Refuses, before any work, outputs that this command would skip or resume but that
+    were made with other settings or from other pretrained params."""
+    for key, out, made_with, _ in runs:
+        recorded = record.get(key, {}).get('made_with')
+        found = [p for p in (out + '.params', out + '.params.resume') if os.path.exists(p)]
+        if found and recorded is not None and recorded != made_with:
+            differ = ', '.join(k for k in made_with if recorded.get(k) != made_with[k])
+            raise files.UserError(
+                f"{found[0]} was made with other settings ({differ} differ). Use another "
+                f"--outdir, or delete it to make it again with these settings"
+            )
+
+
+# --- The report ---------------------------------------------------------------------------
+
+
+def finished(record):
+    """{(model, method): [entry, ...]} of the runs with a dev accuracy, in record order."""
+    groups = {}
+    for entry in record.values():
+        if 'dev_correct' in entry and entry.get('dev_total'):
+            made_with = entry['made_with']
+            groups.setdefault((made_with['model'], made_with['method']), []).append(entry)
+    return groups
+
+
+def accuracy(entry):
+    return 100 * entry['dev_correct'] / entry['dev_total']
+
+
+def mean_sd(values):
+    if len(values) < 2:
+        return f"{values[0]:.1f}" if values else "-"
+    return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
+
+
+def table(record, machine):
+    lines = [
+        '# Finetuning grid',
+        '',
+        f"Machine: {machine}. Dev accuracy in %: mean ± sample standard deviation over the "
+        f"seeds, then every run as seed: accuracy. (The test inputs have no places: their "
+        f"predictions are written, not scored.)",
+        '',
+        '| model | method | trainable parameters | runs | dev accuracy | every run '
+        '| finetuning time |',
+        '|---|---|---|---|---|---|---|',
+    ]
+    for (model, method), entries in finished(record).items():
+        trainable = {e['trainable'] for e in entries if 'trainable' in e}
+        seconds = [e['finetune_seconds'] for e in entries if 'finetune_seconds' in e]
+        every = ', '.join(f"{e['made_with']['seed']}: {accuracy(e):.1f}" for e in entries)
+        lines.append(
+            f"| {model} | {method} | {', '.join(f'{t:,}' for t in sorted(trainable))} | "
+            f"{len(entries)} | {mean_sd([accuracy(e) for e in entries])} | {every} | "
+            f"{run.format_seconds(statistics.mean(seconds)) if seconds else '-'} |"
+        )
+    return '\n'.join(lines) + '\n'
+
+
+CSV_COLUMNS = ['model', 'method', 'seed', 'trainable', 'parameters', 'dev_correct', 'dev_total',
+               'dev_accuracy', 'finetune_seconds', 'commit']  # fmt: skip
+
+
+def rows_csv(record):
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator='\n')
+    writer.writerow(CSV_COLUMNS)
+    for entries in finished(record).values():
+        for e in entries:
+            m = e['made_with']
+            writer.writerow([m['model'], m['method'], m['seed'], e.get('trainable', ''),
+                             e.get('parameters', ''), e['dev_correct'], e['dev_total'],
+                             f"{accuracy(e):.1f}", f"{e.get('finetune_seconds', 0):.1f}",
+                             e.get('commit') or ''])  # fmt: skip
+    return out.getvalue()
+
+
+def plot(record, out):
+    """Dev accuracy against trainable parameters: a point per run, a line per model
+    through its methods' means."""
+    try:
+        import matplotlib
+
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise files.UserError("--plot needs matplotlib (pip install matplotlib)")
+    by_model = {}
+    for (model, _), entries in finished(record).items():
+        entries = [e for e in entries if 'trainable' in e]
+        if entries:
+            by_model.setdefault(model, []).append(entries)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for model, groups in by_model.items():
+        groups.sort(key=lambda g: g[0]['trainable'])
+        xs = [e['trainable'] for g in groups for e in g]
+        points = ax.scatter(xs, [accuracy(e) for g in groups for e in g], s=12, alpha=0.6)
+        means = [statistics.mean(accuracy(e) for e in g) for g in groups]
+        ax.plot([g[0]['trainable'] for g in groups], means, color=points.get_facecolor()[0],
+                alpha=1.0, label=model)  # fmt: skip
+    ax.set_xscale('log')
+    ax.set_xlabel('trainable parameters (log scale)')
+    ax.set_ylabel('dev accuracy (%)')
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        device = args.device = devices.pick_device(args.device)
+        # recorded as what they are here, not as 'auto'
+        args.precision = devices.training_precision(args.precision, device)
+        record = (
+            run_all(args)
+            if args.pretrained
+            else read_record(os.path.join(args.outdir, 'grid.json'))
+        )
+        if not finished(record):
+            raise files.UserError(f"{args.outdir}: no finished runs yet (give --pretrained)")
+        report = table(record, devices.describe(device))
+        files.atomic_write(os.path.join(args.outdir, 'grid.md'), lambda f: f.write(report.encode()))
+        rows = rows_csv(record)
+        files.atomic_write(os.path.join(args.outdir, 'grid.csv'), lambda f: f.write(rows.encode()))
+        if args.plot:
+            plot(record, args.plot)
+    except files.UserError as e:
+        sys.exit(f"error: {e}")
+    except (resume.TrainingInterrupted, KeyboardInterrupt) as e:
+        again = shlex.join(['python', 'src/grid.py'] + (sys.argv[1:] if argv is None else argv))
+        print(f"\n{str(e) or 'interrupted'}. To continue: {again}", file=sys.stderr)
+        sys.exit(130)
+    except metrics.NonFiniteLoss as e:
+        sys.exit(f"error: {e}")
+    print()
+    print(report)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,94 @@
+"""grid.py: every model x method x seed finetuned and evaluated, a table whose means and
+standard deviations are those of the runs' predictions, and a second command that skips
+what exists and refuses what was made with other settings."""
+
+import csv
+import json
+import statistics
+
+import pytest
+
+import devices
+import grid
+
+BF16 = devices.cpu_has_native_bf16()  # what --precision auto means on this CPU
+
+GRID = ['--pretrained', 'vanilla.params', '--methods', 'full', 'lora:2', '--seeds', '0', '1',
+        '--max_epochs', '1', '--finetune_corpus_path', 'train.tsv', '--eval_corpus_path',
+        'dev.tsv', '--test_corpus_path', 'test.tsv', '--outdir', 'g', '--device', 'cpu']  # fmt: skip
+
+
+def test_grid_runs_reports_and_skips_what_exists(params, monkeypatch, capsys):
+    monkeypatch.chdir(params)
+    grid.main(GRID)
+    out = capsys.readouterr().out
+    assert out.count('finetune from pretrained done') == 4
+    assert 'of them trained' in out  # lora's start line
+    record = json.loads((params / 'g' / 'grid.json').read_text())
+    accuracies = {}
+    for method in ('full', 'lora:2'):
+        for seed in (0, 1):
+            prefix = params / 'g' / f"vanilla.{method.replace(':', '')}.s{seed}"
+            for output in ('.params', '.dev.predictions', '.test.predictions'):
+                assert (prefix.parent / (prefix.name + output)).exists()
+            entry = record[f'vanilla {method} s{seed}']
+            assert entry['made_with']['finetune'][-2:] == [
+                '--precision',
+                'bf16' if BF16 else 'fp32',
+            ]
+            assert entry['dev_total'] == 4
+            accuracies.setdefault(method, []).append(100 * entry['dev_correct'] / 4)
+    table = (params / 'g' / 'grid.md').read_text()
+    for method, values in accuracies.items():
+        mean_sd = f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
+        every = f"0: {values[0]:.1f}, 1: {values[1]:.1f}"
+        assert f"| vanilla | {method} |" in table and f"| 2 | {mean_sd} | {every} |" in table
+    with open(params / 'g' / 'grid.csv', newline='') as f:
+        rows = list(csv.DictReader(f))
+    assert [(r['method'], r['seed']) for r in rows] == [
+        ('full', '0'), ('full', '1'), ('lora:2', '0'), ('lora:2', '1')
+    ]  # fmt: skip
+    # lora:2 on 4 layers: 2 x (4 x (256 + 256) + (256 + 1024) + (1024 + 256)) each
+    assert {r['trainable'] for r in rows if r['method'] == 'lora:2'} == {str(4 * 2 * 4608)}
+    assert {r['trainable'] for r in rows if r['method'] == 'full'} == {rows[0]['parameters']}
+
+    # again: everything skipped; a run whose predictions went missing is evaluated again
+    (params / 'g' / 'vanilla.lora2.s1.dev.predictions').unlink()
+    grid.main(GRID)
+    out = capsys.readouterr().out
+    assert out.count('skipped') == 3 and 'finetune from pretrained' not in out
+    assert out.count('Correct: ') == 1
+    assert (params / 'g' / 'grid.md').read_text() == table
+
+    # other settings for the same outputs: refused before any work
+    with pytest.raises(SystemExit, match=r'^error: g/vanilla.full.s0.params was made with other '
+                       r'settings \(finetune differ\)'):  # fmt: skip
+        grid.main(GRID[:-2] + ['--max_epochs', '2', '--device', 'cpu'])
+
+
+def test_a_bad_method_is_one_line(capsys):
+    with pytest.raises(SystemExit):
+        grid.parse_args(['--methods', 'lora:x'])
+    assert "'lora:x': a method is full, lora, lora:RANK, adapter or adapter:SIZE" in (
+        capsys.readouterr().err
+    )
+
+
+def test_table_shows_mean_sample_sd_and_every_run():
+    record = {
+        f'v lora:4 s{seed}': {
+            'made_with': {'model': 'v', 'method': 'lora:4', 'seed': seed},
+            'trainable': 73_728,
+            'finetune_seconds': seconds,
+            'dev_correct': correct,
+            'dev_total': 50,
+        }
+        for seed, correct, seconds in ((0, 5, 60), (1, 10, 62), (2, 15, 64))
+    }
+    record['v full s0'] = {'made_with': {'model': 'v', 'method': 'full', 'seed': 0}}  # unfinished
+    table = grid.table(record, 'a machine')
+    # 10, 20 and 30%: mean 20, sample sd sqrt(((-10)^2 + 0 + 10^2) / 2) = 10
+    assert '| v | lora:4 | 73,728 | 3 | 20.0 ± 10.0 | 0: 10.0, 1: 20.0, 2: 30.0 | 1m02s |' in table
+    assert '| full |' not in table
+    rows = grid.rows_csv(record).splitlines()
+    assert rows[1] == 'v,lora:4,0,73728,,5,50,10.0,60.0,'

@@ -37,6 +37,7 @@ import dataset
 import decoding
 import devices
 import files
+import plot
 import run
 
 CATEGORIES = ['correct', 'own document', 'prior', 'made up']
@@ -338,13 +339,7 @@ def print_report(report):
 def coverage_plot(report_paths, out):
     """Accuracy against coverage, a line per report that has confidences."""
     reports = [read_report(path) for path in report_paths]
-    try:
-        import matplotlib
-
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise files.UserError("--coverage_plot needs matplotlib (pip install matplotlib)")
+    plt = plot.pyplot('--coverage_plot')
     fig, ax = plt.subplots(figsize=(6, 4))
     for report in reports:
         scores = [r['confidence'] for r in report['records']]

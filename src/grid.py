@@ -39,6 +39,7 @@ import files
 import finetune_methods
 import metrics
 import params_files
+import plot
 import reproduce
 import resume
 import run
@@ -269,16 +270,10 @@ def rows_csv(record):
     return out.getvalue()
 
 
-def plot(record, out):
+def plot_grid(record, out):
     """Dev accuracy against trainable parameters: a point per run, a line per model
     through its methods' means."""
-    try:
-        import matplotlib
-
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise files.UserError("--plot needs matplotlib (pip install matplotlib)")
+    plt = plot.pyplot('--plot')
     by_model = {}
     for (model, _), entries in finished(record).items():
         entries = [e for e in entries if 'trainable' in e]
@@ -320,7 +315,7 @@ def main(argv=None):
         rows = rows_csv(record)
         files.atomic_write(os.path.join(args.outdir, 'grid.csv'), lambda f: f.write(rows.encode()))
         if args.plot:
-            plot(record, args.plot)
+            plot_grid(record, args.plot)
     except files.UserError as e:
         sys.exit(f"error: {e}")
     except (resume.TrainingInterrupted, KeyboardInterrupt) as e:

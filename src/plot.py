@@ -63,12 +63,20 @@ def label(path):
     return name[: -len('.params.metrics.csv')] if name.endswith('.params.metrics.csv') else name
 
 
-def plot(paths, out):
-    import matplotlib
-
+def pyplot(who):
+    """matplotlib.pyplot, drawing to files only; a UserError naming `who` without it."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise files.UserError(f"{who} needs matplotlib (pip install matplotlib)")
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot(paths, out):
+    plt = pyplot('plot.py')
     panels = {
         'pretraining': [p for p in paths if 'pretrain.params' in os.path.basename(p)],
         'finetuning': [p for p in paths if 'pretrain.params' not in os.path.basename(p)],
@@ -108,10 +116,6 @@ def main(argv=None):
         '--out', default='loss_curves.png', help="picture to write (.png, .svg, .pdf)"
     )
     args = argp.parse_args(argv)
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        sys.exit("error: plot.py needs matplotlib: pip install matplotlib")
     try:
         plot(args.metrics, args.out)
     except files.UserError as e:

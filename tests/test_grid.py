@@ -74,8 +74,8 @@ def test_a_bad_method_is_one_line(capsys):
     )
 
 
-def test_table_shows_mean_sample_sd_and_every_run():
-    record = {
+def hand_made_record():
+    return {
         f'v lora:4 s{seed}': {
             'made_with': {'model': 'v', 'method': 'lora:4', 'seed': seed},
             'trainable': 73_728,
@@ -85,6 +85,10 @@ def test_table_shows_mean_sample_sd_and_every_run():
         }
         for seed, correct, seconds in ((0, 5, 60), (1, 10, 62), (2, 15, 64))
     }
+
+
+def test_table_shows_mean_sample_sd_and_every_run():
+    record = hand_made_record()
     record['v full s0'] = {'made_with': {'model': 'v', 'method': 'full', 'seed': 0}}  # unfinished
     table = grid.table(record, 'a machine')
     # 10, 20 and 30%: mean 20, sample sd sqrt(((-10)^2 + 0 + 10^2) / 2) = 10
@@ -92,3 +96,13 @@ def test_table_shows_mean_sample_sd_and_every_run():
     assert '| full |' not in table
     rows = grid.rows_csv(record).splitlines()
     assert rows[1] == 'v,lora:4,0,73728,,5,50,10.0,60.0,'
+
+
+def test_the_table_and_picture_again_from_the_record(tmp_path, capsys):
+    pytest.importorskip('matplotlib', reason='the picture needs matplotlib, an optional install')
+    (tmp_path / 'grid.json').write_text(json.dumps(hand_made_record()))
+    grid.main(['--outdir', str(tmp_path), '--plot', str(tmp_path / 'grid.png')])
+    assert '20.0 ± 10.0' in (tmp_path / 'grid.md').read_text()
+    assert (tmp_path / 'grid.png').stat().st_size > 1000
+    with pytest.raises(SystemExit, match='no finished runs yet'):
+        grid.main(['--outdir', str(tmp_path / 'empty')])

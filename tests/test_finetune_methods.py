@@ -127,6 +127,21 @@ def test_training_starts_at_the_pretrained_model(variant, method):
 
 
 @pytest.mark.parametrize('variant', VARIANTS)
+@pytest.mark.parametrize('method', ['lora', 'adapter'])
+def test_the_trainers_packed_loss_is_the_plain_loss_with_the_new_weights(variant, method):
+    gpt = small_gpt(variant, torch.float64)
+    finetune_methods.apply(gpt, method, lora_rank=2, lora_alpha=4.0, adapter_size=3)
+    randomise_new_weights(gpt)
+    idx = torch.randint(1, 11, (3, 15))
+    targets = torch.randint(1, 11, (3, 15))
+    targets[0, 9:], targets[2, 4:] = 0, 0  # rows the packing cuts short
+    with torch.no_grad():
+        torch.testing.assert_close(
+            gpt.packed_loss(idx, targets), gpt(idx, targets)[1], rtol=1e-12, atol=0
+        )
+
+
+@pytest.mark.parametrize('variant', VARIANTS)
 def test_merged_lora_computes_what_unmerged_lora_computes(variant):
     gpt = small_gpt(variant, torch.float64)
     finetune_methods.apply(gpt, 'lora', lora_rank=2, lora_alpha=3.0, adapter_size=None)

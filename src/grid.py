@@ -158,14 +158,14 @@ def run_all(args):
     )
     runs = planned_runs(args)
     check_made_with(runs, record)
-    code = commit()
+    code, machine = commit(), devices.describe(args.device)
     for key, out, made_with, (finetune, dev, test) in runs:
         outputs = [out + '.params', out + '.dev.predictions', out + '.test.predictions']
         if all(os.path.exists(p) for p in outputs) and 'dev_correct' in record.get(key, {}):
             print(f"== {key}: {out}.* exist, skipped")
             continue
         print(f"== {key}")
-        entry = record.setdefault(key, {'made_with': made_with, 'commit': code})
+        entry = record.setdefault(key, {'made_with': made_with, 'commit': code, 'machine': machine})
         save()  # before the work: a leftover .resume is then known to be this run's
         if not os.path.exists(out + '.params'):
             resuming = ['--resume'] if os.path.exists(out + '.params.resume') else []
@@ -228,19 +228,21 @@ def mean_sd(values):
     return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
 
 
-def table(record, machine):
+def table(record):
+    groups = finished(record)
+    machines = sorted({e.get('machine', '?') for entries in groups.values() for e in entries})
     lines = [
         '# Finetuning grid',
         '',
-        f"Machine: {machine}. Dev accuracy in %: mean ± sample standard deviation over the "
-        f"seeds, then every run as seed: accuracy. (The test inputs have no places: their "
-        f"predictions are written, not scored.)",
+        f"Machine: {'; '.join(machines)}. Dev accuracy in %: mean ± sample standard deviation "
+        f"over the seeds, then every run as seed: accuracy. (The test inputs have no places: "
+        f"their predictions are written, not scored.)",
         '',
         '| model | method | trainable parameters | runs | dev accuracy | every run '
         '| finetuning time |',
         '|---|---|---|---|---|---|---|',
     ]
-    for (model, method), entries in finished(record).items():
+    for (model, method), entries in groups.items():
         trainable = {e['trainable'] for e in entries if 'trainable' in e}
         seconds = [e['finetune_seconds'] for e in entries if 'finetune_seconds' in e]
         every = ', '.join(f"{e['made_with']['seed']}: {accuracy(e):.1f}" for e in entries)
@@ -310,7 +312,7 @@ def main(argv=None):
         )
         if not finished(record):
             raise files.UserError(f"{args.outdir}: no finished runs yet (give --pretrained)")
-        report = table(record, devices.describe(device))
+        report = table(record)
         files.atomic_write(os.path.join(args.outdir, 'grid.md'), lambda f: f.write(report.encode()))
         rows = rows_csv(record)
         files.atomic_write(os.path.join(args.outdir, 'grid.csv'), lambda f: f.write(rows.encode()))

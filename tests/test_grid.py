@@ -82,6 +82,7 @@ def hand_made_record():
             'finetune_seconds': seconds,
             'dev_correct': correct,
             'dev_total': 50,
+            'machine': 'a machine',
         }
         for seed, correct, seconds in ((0, 5, 60), (1, 10, 62), (2, 15, 64))
     }
@@ -90,7 +91,8 @@ def hand_made_record():
 def test_table_shows_mean_sample_sd_and_every_run():
     record = hand_made_record()
     record['v full s0'] = {'made_with': {'model': 'v', 'method': 'full', 'seed': 0}}  # unfinished
-    table = grid.table(record, 'a machine')
+    table = grid.table(record)
+    assert 'Machine: a machine. Dev accuracy' in table
     # 10, 20 and 30%: mean 20, sample sd sqrt(((-10)^2 + 0 + 10^2) / 2) = 10
     assert '| v | lora:4 | 73,728 | 3 | 20.0 ± 10.0 | 0: 10.0, 1: 20.0, 2: 30.0 | 1m02s |' in table
     assert '| full |' not in table

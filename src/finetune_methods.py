@@ -62,6 +62,29 @@ class Adapter(nn.Module):
         return h + self.up(F.gelu(self.down(h)))  # (..., C)
 
 
+def add_arguments(group, positive):
+    """run.py's --finetune_method and its options, left out as None (see DEFAULTS);
+    positive(int) and positive(float) are the argument types of positive numbers."""
+    group.add_argument(
+        '--finetune_method',
+        choices=METHODS,
+        default='full',
+        help="what finetuning trains: every weight (full, the handout's), or only LoRA's "
+        "low-rank updates or bottleneck adapters on the frozen pretrained model",
+    )
+    group.add_argument(
+        '--lora_rank', type=positive(int), help="rank r of the LoRA updates (default 8)"
+    )
+    group.add_argument(
+        '--lora_alpha',
+        type=positive(float),
+        help="LoRA's alpha: the updates are scaled by alpha/r (default 8)",
+    )
+    group.add_argument(
+        '--adapter_size', type=positive(int), help="features in each adapter (default 16)"
+    )
+
+
 def settings(args):
     """{lora_rank, lora_alpha, adapter_size} from run.py's flags, DEFAULTS where left out."""
     return {
@@ -134,6 +157,17 @@ def adapter_size(state):
         if name.endswith('.adapter.down.weight') and tensor.dim() == 2:
             return tensor.size(0)  # (size, C)
     return None
+
+
+def describe_parameters(gpt, method):
+    """'N parameters', and how many of them train when not all do."""
+    total = sum(p.numel() for p in gpt.parameters())
+    trainable = sum(p.numel() for p in gpt.parameters() if p.requires_grad)
+    if trainable == total:
+        return f"{total:,} parameters"
+    return (
+        f"{total:,} parameters, {trainable:,} of them trained ({trainable / total:.2%}: {method})"
+    )
 
 
 def describe(method, lora_rank, lora_alpha, adapter_size):

@@ -92,7 +92,9 @@ def parse_args(argv=None):
     argp.add_argument('--eval_corpus_path', help="Path of the corpus to evaluate on")
     argp.add_argument('--outputs_path', help="Path to write one prediction per line to")
     add_later_editions(argp)
-    add_finetune_methods(argp.add_argument_group("parameter-efficient finetuning"))
+    finetune_methods.add_arguments(
+        argp.add_argument_group("parameter-efficient finetuning"), positive
+    )
     add_overrides(argp.add_argument_group("overrides (defaults: the handout's settings)"))
     args = argp.parse_args(argv)
     args.edition = args.edition or VARIANT_EDITION[args.variant]
@@ -130,27 +132,6 @@ def add_later_editions(argp):
         help="the handout edition whose settings to use (default: the variant's: "
         + ", ".join(f"{v} {e}" for v, e in VARIANT_EDITION.items())
         + ")",
-    )
-
-
-def add_finetune_methods(group):
-    group.add_argument(
-        '--finetune_method',
-        choices=finetune_methods.METHODS,
-        default='full',
-        help="what finetuning trains: every weight (full, the handout's), or only LoRA's "
-        "low-rank updates or bottleneck adapters on the frozen pretrained model",
-    )
-    group.add_argument(
-        '--lora_rank', type=positive(int), help="rank r of the LoRA updates (default 8)"
-    )
-    group.add_argument(
-        '--lora_alpha',
-        type=positive(float),
-        help="LoRA's alpha: the updates are scaled by alpha/r (default 8)",
-    )
-    group.add_argument(
-        '--adapter_size', type=positive(int), help="features in each adapter (default 16)"
     )
 
 
@@ -288,7 +269,7 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
     print(
         f"{phase}: {config.max_epochs} epochs, batch {config.batch_size}, "
         f"lr {config.learning_rate:g}, {args.edition} edition settings, "
-        f"{describe_parameters(gpt, config.finetune_method)}, "
+        f"{finetune_methods.describe_parameters(gpt, config.finetune_method)}, "
         f"on {device}, {devices.PRECISION_NAMES[config.precision]}"
     )
     run = trainer.Trainer(gpt, train_dataset, None, config)
@@ -308,17 +289,6 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
         f"final loss {run.final_loss:.4f}; params written to {path}"
     )
     return run
-
-
-def describe_parameters(gpt, method):
-    """'N parameters', and how many of them train when not all do."""
-    total = sum(p.numel() for p in gpt.parameters())
-    trainable = sum(p.numel() for p in gpt.parameters() if p.requires_grad)
-    if trainable == total:
-        return f"{total:,} parameters"
-    return (
-        f"{total:,} parameters, {trainable:,} of them trained ({trainable / total:.2%}: {method})"
-    )
 
 
 def trainer_config(args, phase, corpus_lines, device):

@@ -98,6 +98,8 @@ def parse_args(argv=None):
     add_overrides(argp.add_argument_group("overrides (defaults: the handout's settings)"))
     args = argp.parse_args(argv)
     args.edition = args.edition or VARIANT_EDITION[args.variant]
+    if args.finetune_lr is None:
+        args.finetune_lr = finetune_methods.LEARNING_RATES[args.finetune_method]
     return args
 
 
@@ -118,8 +120,8 @@ def add_later_editions(argp):
     argp.add_argument(
         '--finetune_lr',
         type=positive(float),
-        default=6e-4,
-        help="finetuning learning rate (default 6e-4)",
+        help="finetuning learning rate (default 6e-4; with --finetune_method lora or "
+        "adapter, 6e-3)",
     )
     argp.add_argument(
         '--tb_expt_name',

@@ -95,6 +95,7 @@ def planned_runs(args):
     runs = []
     for path in args.pretrained:
         name, variant, shape = pretrained_model(path)
+        digest = md5(path)
         for method, method_flags in args.methods:
             for seed in args.seeds:
                 out = os.path.join(args.outdir, f"{name}.{method.replace(':', '')}.s{seed}")
@@ -110,7 +111,7 @@ def planned_runs(args):
                 test = evaluate + ['--eval_corpus_path', args.test_corpus_path,
                                    '--outputs_path', out + '.test.predictions']  # fmt: skip
                 made_with = {'model': name, 'method': method, 'seed': seed,
-                             'finetune': finetune[1:], 'pretrained_md5': md5(path)}  # fmt: skip
+                             'finetune': finetune[1:], 'pretrained_md5': digest}  # fmt: skip
                 runs.append((f"{name} {method} s{seed}", out, made_with, [finetune, dev, test]))
     return runs
 

@@ -17,6 +17,7 @@ import cpu_libraries  # noqa: E402,F401 (before torch loads, as the scripts do)
 import os  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
+import time  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -157,3 +158,13 @@ def params(tiny):
         gpt = run.new_model(variant, ds.vocab_size, 64)
         torch.save(gpt.state_dict(), tiny / f'{variant}.params')
     return tiny
+
+
+def wait_for(path, process, seconds=120):
+    """Until `path` exists; a process that ends first is a failure, with its error."""
+    deadline = time.time() + seconds
+    while not path.exists():
+        if process.poll() is not None or time.time() > deadline:
+            process.kill()
+            pytest.fail(f"{path.name} never appeared: {process.communicate()[1][-2000:]}")
+        time.sleep(0.02)

@@ -6,7 +6,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ import model
 import packing
 import resume
 import trainer
-from conftest import ROOT, tiny_corpus
+from conftest import ROOT, tiny_corpus, wait_for
 
 
 def setup(folder, method='full', **overrides):
@@ -124,17 +123,12 @@ def test_two_processes_compute_what_one_computes(tmp_path, method):
     )
 
 
-def torchrun(*args, cwd, **kwargs):
-    command = [
-        sys.executable,
-        '-m',
-        'torch.distributed.run',
-        '--standalone',
-        '--nproc_per_node',
-        '2',
-        str(ROOT / 'src' / 'run.py'),
-        *map(str, args),
-    ]
+def torchrun(*args, cwd, hold=(), **kwargs):
+    """python src/run.py ARGS under torchrun on two processes; hold: (STEP, MARKER) to
+    hold their training after that step until a stop signal (tests/hold_at_step.py)."""
+    script = [str(ROOT / 'tests' / 'hold_at_step.py'), *map(str, hold)] if hold else []
+    command = [sys.executable, '-m', 'torch.distributed.run', '--standalone',
+               '--nproc_per_node', '2', *script, str(ROOT / 'src' / 'run.py'), *map(str, args)]  # fmt: skip
     return subprocess.Popen(
         command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs
     )
@@ -144,19 +138,8 @@ def test_torchrun_command_line_ctrl_c_and_resume(tiny):
     """The README's command on two CPU processes: process 0 alone prints and writes; a
     terminal's Ctrl-C (which reaches torchrun and both processes) saves a state from
     which `--resume` ends with the params of an uninterrupted run."""
-    args = [
-        'pretrain',
-        'vanilla',
-        'wiki.txt',
-        '--max_epochs',
-        4,
-        '--batch_size',
-        8,
-        '--device',
-        'cpu',
-        '--precision',
-        'fp32',
-    ]
+    args = ['pretrain', 'vanilla', 'wiki.txt', '--max_epochs', 4, '--batch_size', 8,
+            '--device', 'cpu', '--precision', 'fp32']  # fmt: skip
     out, err = torchrun(*args, '--writing_params_path', 'straight.params', cwd=tiny).communicate(
         timeout=300
     )
@@ -165,17 +148,15 @@ def test_torchrun_command_line_ctrl_c_and_resume(tiny):
     assert (tiny / 'straight.params.metrics.csv').read_text().count('\n') == 1 + 20
 
     process = torchrun(
-        *args, '--writing_params_path', 'resumed.params', cwd=tiny, start_new_session=True
-    )
-    metrics = tiny / 'resumed.params.metrics.csv'
-    deadline = time.time() + 120
-    while (
-        not (metrics.exists() and metrics.read_text().count('\n') >= 3) and time.time() < deadline
-    ):
-        time.sleep(0.05)
+        *args, '--writing_params_path', 'resumed.params', cwd=tiny, hold=(7, 'held'),
+        start_new_session=True,
+    )  # fmt: skip
+    wait_for(tiny / 'held.0', process)
     os.killpg(process.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the whole process group
     _, err = process.communicate(timeout=120)
     assert process.returncode != 0 and (tiny / 'resumed.params.resume').exists(), err
+    # the processes agree to stop where they log: the end of epoch 2 (5 steps an epoch)
+    assert 'interrupted at epoch 2, step 5; state saved to resumed.params.resume' in err
     assert 'To continue: torchrun --nproc_per_node=2 src/run.py pretrain' in err
     assert not (tiny / 'resumed.params').exists()
 

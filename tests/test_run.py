@@ -7,7 +7,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import zipfile
 
 import pytest
@@ -16,7 +15,7 @@ import torch
 import files
 import run
 import trainer
-from conftest import CORRECT_LINE, PYTHON, ROOT, cli, main, on_cpu
+from conftest import CORRECT_LINE, PYTHON, ROOT, cli, main, on_cpu, wait_for
 
 
 @pytest.mark.parametrize('variant', ['vanilla', 'synthesizer'])
@@ -274,46 +273,28 @@ def test_params_are_written_before_the_state_is_removed(tiny, monkeypatch, capsy
 
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_cli_run_resumes_to_identical_params(tiny, signum):
-    args = [
-        'pretrain',
-        'vanilla',
-        'wiki.txt',
-        '--max_epochs',
-        12,
-        '--batch_size',
-        8,
-        '--precision',
-        'fp32',
-    ]
+    """Ctrl-C or SIGTERM in the middle of an epoch (held there by hold_at_step.py, so that
+    the signal cannot come too late): the state is saved after that step, and --resume
+    ends with the params of an uninterrupted run."""
+    args = ['pretrain', 'vanilla', 'wiki.txt', '--max_epochs', 3, '--batch_size', 8,
+            '--precision', 'fp32']  # fmt: skip
     cli(*args, '--writing_params_path', 'straight.params', cwd=tiny)
 
     process = subprocess.Popen(
-        [
-            PYTHON,
-            str(ROOT / 'src' / 'run.py'),
-            *on_cpu(args),
-            '--writing_params_path',
-            'resumed.params',
-        ],
-        cwd=tiny,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    metrics = tiny / 'resumed.params.metrics.csv'
-    deadline = time.time() + 60
-    while (
-        not (metrics.exists() and metrics.read_text().count('\n') >= 3) and time.time() < deadline
-    ):
-        time.sleep(0.05)
+        [PYTHON, str(ROOT / 'tests' / 'hold_at_step.py'), '7', 'held', str(ROOT / 'src' / 'run.py'),
+         *on_cpu(args), '--writing_params_path', 'resumed.params'],
+        cwd=tiny, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    wait_for(tiny / 'held.0', process)
     process.send_signal(signum)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 130 and 'Traceback' not in err
+    # 5 steps an epoch (36 lines, batch 8): step 7 is step 2 of epoch 2
     assert re.search(
-        r'interrupted at epoch \d+, step \d+; state saved to resumed.params.resume. '
+        r'interrupted at epoch 2, step 2; state saved to resumed.params.resume. '
         r'To continue: python src/run.py pretrain .* --resume$',
         err.strip(),
-    )
+    ), err
     assert not (tiny / 'resumed.params').exists() and (tiny / 'resumed.params.resume').exists()
 
     out = cli(*args, '--writing_params_path', 'resumed.params', '--resume', cwd=tiny).stdout

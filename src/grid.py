@@ -27,21 +27,16 @@ import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torc
 import argparse
 import csv
 import io
-import json
 import os
-import shlex
 import statistics
 import subprocess
-import sys
 
 import devices
 import files
 import finetune_methods
-import metrics
 import params_files
 import plot
 import reproduce
-import resume
 import run
 
 
@@ -142,23 +137,14 @@ def commit():
     return head.stdout.strip() + ('+changes' if changes.stdout.strip() else '')
 
 
-def run_phase(argv):
-    """One run.py command in this process: its result (a Trainer, or (total, correct))."""
-    args = run.parse_args(argv)
-    run.check_args(args)
-    return {'finetune': run.finetune, 'evaluate': run.evaluate}[args.function](args)
-
-
 def run_all(args):
     """Every run whose dev and test predictions are missing; returns the record."""
     os.makedirs(args.outdir, exist_ok=True)
     path = os.path.join(args.outdir, 'grid.json')
-    record = read_record(path)
-    save = lambda: files.atomic_write(
-        path, lambda f: f.write(json.dumps(record, indent=1).encode())
-    )
+    record = reproduce.read_record(path)
+    save = lambda: reproduce.write_record(path, record)
     runs = planned_runs(args)
-    check_made_with(runs, record)
+    reproduce.check_made_with([(key, out + '.params', made) for key, out, made, _ in runs], record)
     code, machine = commit(), devices.describe(args.device)
     for key, out, made_with, (finetune, dev, test) in runs:
         outputs = [out + '.params', out + '.dev.predictions', out + '.test.predictions']
@@ -170,40 +156,16 @@ def run_all(args):
         save()  # before the work: a leftover .resume is then known to be this run's
         if not os.path.exists(out + '.params'):
             resuming = ['--resume'] if os.path.exists(out + '.params.resume') else []
-            trainer = run_phase(finetune + resuming)
+            trainer = reproduce.run_command(finetune + resuming)
             model = trainer.model
             entry['trainable'] = sum(p.numel() for p in model.parameters() if p.requires_grad)
             entry['parameters'] = sum(p.numel() for p in model.parameters())
             entry['finetune_seconds'] = trainer.elapsed
             save()
-        entry['dev_total'], entry['dev_correct'] = run_phase(dev)
-        run_phase(test)
+        entry['dev_total'], entry['dev_correct'] = reproduce.run_command(dev)
+        reproduce.run_command(test)
         save()
     return record
-
-
-def read_record(path):
-    if not os.path.exists(path):
-        return {}
-    try:
-        with open(path, encoding='utf-8') as f:
-            return json.load(f)
-    except ValueError:
-        raise files.UserError(f"{path}: not a grid record (not JSON); move it away to start afresh")
-
-
-def check_made_with(runs, record):
-    """Refuses, before any work, outputs that this command would skip or resume but that
-    were made with other settings or from other pretrained params."""
-    for key, out, made_with, _ in runs:
-        recorded = record.get(key, {}).get('made_with')
-        found = [p for p in (out + '.params', out + '.params.resume') if os.path.exists(p)]
-        if found and recorded is not None and recorded != made_with:
-            differ = ', '.join(k for k in made_with if recorded.get(k) != made_with[k])
-            raise files.UserError(
-                f"{found[0]} was made with other settings ({differ} differ). Use another "
-                f"--outdir, or delete it to make it again with these settings"
-            )
 
 
 # --- The report ---------------------------------------------------------------------------
@@ -302,14 +264,14 @@ def plot_grid(record, out):
 
 def main(argv=None):
     args = parse_args(argv)
-    try:
+    with reproduce.one_line_stops('src/grid.py', argv):
         device = args.device = devices.pick_device(args.device)
         # recorded as what they are here, not as 'auto'
         args.precision = devices.training_precision(args.precision, device)
         record = (
             run_all(args)
             if args.pretrained
-            else read_record(os.path.join(args.outdir, 'grid.json'))
+            else reproduce.read_record(os.path.join(args.outdir, 'grid.json'))
         )
         if not finished(record):
             raise files.UserError(f"{args.outdir}: no finished runs yet (give --pretrained)")
@@ -319,14 +281,6 @@ def main(argv=None):
         files.atomic_write(os.path.join(args.outdir, 'grid.csv'), lambda f: f.write(rows.encode()))
         if args.plot:
             plot_grid(record, args.plot)
-    except files.UserError as e:
-        sys.exit(f"error: {e}")
-    except (resume.TrainingInterrupted, KeyboardInterrupt) as e:
-        again = shlex.join(['python', 'src/grid.py'] + (sys.argv[1:] if argv is None else argv))
-        print(f"\n{str(e) or 'interrupted'}. To continue: {again}", file=sys.stderr)
-        sys.exit(130)
-    except metrics.NonFiniteLoss as e:
-        sys.exit(f"error: {e}")
     print()
     print(report)
 

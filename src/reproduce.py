@@ -20,6 +20,7 @@ and one whose params have changed since is made again. The table goes to results
 import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -86,23 +87,47 @@ def phases(out, edition='2021'):
     return steps
 
 
-def check_made_with(steps, results, made_with):
-    """Refuses, before any work, outputs (or interrupted phases' states) that this command
-    would skip or resume but that were made with other settings."""
-    for name, _, output in steps:
-        recorded = results.get(name, {}).get('made_with')
+def check_made_with(planned, record):
+    """Refuses, before any work, outputs (or the states of their interrupted runs) that a
+    command would skip or resume but that were made with other settings. planned: (record
+    key, output file, the settings this command makes it with) for each output."""
+    for key, output, made_with in planned:
+        recorded = record.get(key, {}).get('made_with')
         found = [path for path in (output, output + '.resume') if os.path.exists(path)]
         if found and recorded is not None and recorded != made_with:
-            show = lambda value: "the handout's" if value is None else value
-            differ = ', '.join(
-                f"{key} {show(recorded.get(key))} (this command: {show(value)})"
-                for key, value in made_with.items()
-                if recorded.get(key) != value
-            )
             raise files.UserError(
-                f"{found[0]} was made with other settings: {differ}. Use another "
-                f"--outdir, or delete it to make it again with these settings"
+                f"{found[0]} was made with other settings: {differences(recorded, made_with)}. "
+                f"Use another --outdir, or delete it to make it again with these settings"
             )
+
+
+def differences(recorded, made_with):
+    """'max_epochs 1 (this command: the handout's)' for each setting that differs; a
+    setting that is a command line, by its flags."""
+    if isinstance(recorded, list) and isinstance(made_with, list):
+        recorded, made_with = flag_values(recorded), flag_values(made_with)
+    show = lambda value: "the handout's" if value is None else value
+    found = []
+    for key in {**recorded, **made_with}:
+        old, new = recorded.get(key), made_with.get(key)
+        if old == new:
+            continue
+        if isinstance(old, list) and isinstance(new, list):
+            found.append(differences(old, new))
+        else:
+            found.append(f"{key} {show(old)} (this command: {show(new)})")
+    return ', '.join(found)
+
+
+def flag_values(argv):
+    """{'--flag': value} of a command line (the words before its first flag by position)."""
+    values = {f'word {i + 1}': word for i, word in enumerate(argv) if not word.startswith('--')}
+    for i, word in enumerate(argv):
+        if word.startswith('--'):
+            has_value = i + 1 < len(argv) and not argv[i + 1].startswith('--')
+            values[word] = argv[i + 1] if has_value else 'on'
+            values.pop(f'word {i + 2}', None)
+    return values
 
 
 def input_digests(phase_argv):
@@ -121,11 +146,47 @@ def run_phase(argv, output, corpus, overrides, device):
     argv = argv + ['--device', device]
     if function != 'evaluate':
         argv = argv + overrides + (['--resume'] if os.path.exists(output + '.resume') else [])
-    args = run.parse_args([function, variant, corpus] + argv[2:])
+    return run_command([function, variant, corpus] + argv[2:])
+
+
+def run_command(argv):
+    """One run.py command (its arguments, the phase first) in this process, checked as
+    run.py checks it: pretrain and finetune return their Trainer, evaluate (total, correct)."""
+    args = run.parse_args(argv)
     run.check_args(args)
-    return {'pretrain': run.pretrain, 'finetune': run.finetune, 'evaluate': run.evaluate}[function](
-        args
-    )
+    return {'pretrain': run.pretrain, 'finetune': run.finetune, 'evaluate': run.evaluate}[
+        args.function
+    ](args)
+
+
+def read_record(path):
+    """The JSON record of a folder's phases, their settings and results ({} at first)."""
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding='utf-8') as f:
+            return json.load(f)
+    except ValueError:
+        raise files.UserError(f"{path}: not JSON; move it away to start afresh") from None
+
+
+def write_record(path, record):
+    files.atomic_write(path, lambda f: f.write(json.dumps(record, indent=1).encode('utf-8')))
+
+
+@contextlib.contextmanager
+def one_line_stops(script, argv):
+    """What stops a command of many phases ends it with one line: a user's error or a
+    non-finite loss with 'error: ...' (exit 1), an interruption with the command that
+    continues it (exit 130)."""
+    try:
+        yield
+    except (files.UserError, metrics.NonFiniteLoss) as e:
+        sys.exit(f"error: {e}")
+    except (resume.TrainingInterrupted, KeyboardInterrupt) as e:
+        again = shlex.join(['python', script] + (sys.argv[1:] if argv is None else argv))
+        print(f"\n{str(e) or 'interrupted'}. To continue: {again}", file=sys.stderr)
+        sys.exit(130)
 
 
 def accuracy(total_correct):
@@ -161,19 +222,9 @@ def main(argv=None):
             "error: reproduce.py runs in one process; for several GPUs, run the handout's "
             "pretrain/finetune commands with torchrun (see README)"
         )
-    try:
+    with one_line_stops('src/reproduce.py', argv):
         device = devices.pick_device(args.device)
         results = run_all(args, device)
-    except files.UserError as e:
-        sys.exit(f"error: {e}")
-    except (resume.TrainingInterrupted, KeyboardInterrupt) as e:
-        again = shlex.join(
-            ['python', 'src/reproduce.py'] + (sys.argv[1:] if argv is None else argv)
-        )
-        print(f"\n{str(e) or 'interrupted'}. To continue: {again}", file=sys.stderr)
-        sys.exit(130)
-    except metrics.NonFiniteLoss as e:
-        sys.exit(f"error: {e}")
     settings = (
         f"the {args.edition} handout's, training precision "
         f"{devices.training_precision(args.precision, device)}, seed {args.seed}"
@@ -207,10 +258,8 @@ def run_all(args, device):
     results record, which results.json keeps after every phase."""
     os.makedirs(args.outdir, exist_ok=True)
     record = os.path.join(args.outdir, 'results.json')
-    results = json.loads(open(record, encoding='utf-8').read()) if os.path.exists(record) else {}
-    save = lambda: files.atomic_write(
-        record, lambda f: f.write(json.dumps(results, indent=1).encode('utf-8'))
-    )
+    results = read_record(record)
+    save = lambda: write_record(record, results)
     made_with = {
         'edition': args.edition,
         'seed': args.seed,
@@ -219,7 +268,7 @@ def run_all(args, device):
         'pretrain_corpus': os.path.basename(args.pretrain_corpus_path),
     }
     steps = phases(args.outdir, args.edition)
-    check_made_with(steps, results, made_with)
+    check_made_with([(name, output, made_with) for name, _, output in steps], results)
     for name, phase_argv, output in steps:
         inputs = input_digests(phase_argv)
         if os.path.exists(output) and results.get(name, {}).get('inputs', inputs) == inputs:

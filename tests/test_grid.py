@@ -62,7 +62,7 @@ def test_grid_runs_reports_and_skips_what_exists(params, monkeypatch, capsys):
 
     # other settings for the same outputs: refused before any work
     with pytest.raises(SystemExit, match=r'^error: g/vanilla.full.s0.params was made with other '
-                       r'settings \(finetune differ\)'):  # fmt: skip
+                       r'settings: --max_epochs 1 \(this command: 2\)\. Use another'):  # fmt: skip
         grid.main(GRID[:-2] + ['--max_epochs', '2', '--device', 'cpu'])
 
 

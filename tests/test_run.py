@@ -208,9 +208,9 @@ def test_same_seed_same_params_other_seed_other_params(tiny):
     assert not torch.equal(a['head.weight'], c['head.weight'])
 
 
-# bf16 runs 2 epochs: on a CPU without bf16 instructions its products are emulated, 20
+# bf16 runs 1 epoch: on a CPU without bf16 instructions its products are emulated, 20
 # times slower than fp32's, and a difference shows from the first step
-@pytest.mark.parametrize('precision, epochs', [('fp32', 6), ('bf16', 2)])
+@pytest.mark.parametrize('precision, epochs', [('fp32', 6), ('bf16', 1)])
 def test_the_same_command_in_separate_processes_gives_the_same_params(tiny, precision, epochs):
     """Each process lays out its memory differently; MKL's fp32 products (set up by
     cpu_libraries) and everything else must give the same bits all the same."""

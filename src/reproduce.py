@@ -154,9 +154,7 @@ def run_command(argv):
     run.py checks it: pretrain and finetune return their Trainer, evaluate (total, correct)."""
     args = run.parse_args(argv)
     run.check_args(args)
-    return {'pretrain': run.pretrain, 'finetune': run.finetune, 'evaluate': run.evaluate}[
-        args.function
-    ](args)
+    return run.PHASES[args.function](args)
 
 
 def read_record(path):

@@ -213,6 +213,9 @@ def evaluate(args):
     return total, correct
 
 
+PHASES = {'pretrain': pretrain, 'finetune': finetune, 'evaluate': evaluate}
+
+
 # --- Shared pieces -----------------------------------------------------------------------
 
 
@@ -380,12 +383,11 @@ def state_shapes(variant, vocab_size, bottleneck_dim, adapter_size=None):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    phases = {'pretrain': pretrain, 'finetune': finetune, 'evaluate': evaluate}
     if int(os.environ.get('RANK', 0)) > 0:
         sys.stdout = open(os.devnull, 'w')  # under torchrun, process 0 speaks for all
     try:
         check_args(args)
-        phases[args.function](args)
+        PHASES[args.function](args)
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     except files.UserError as e:

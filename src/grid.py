@@ -16,7 +16,9 @@ named for its file: perceiver.s1.pretrain.params is perceiver.s1.
 
 Outputs go to --outdir: MODEL.METHOD.sSEED.params and its .dev/.test.predictions;
 grid.json records each run's settings, the md5 of the params it started from, the code's
-commit and its figures; grid.md holds the table, grid.csv every run. A run whose
+commit and its figures; grid.md holds the table, grid.csv every run. Models whose names
+differ by a pretraining seed (perceiver, perceiver.s1, perceiver.s2) get a second table:
+how far their means lie apart, against the finetuning seeds' spread within each. A run whose
 predictions exist with the same settings is skipped, and an interrupted one resumes, so
 after an interruption run the same command again; one made with other settings is
 refused before any work.
@@ -27,7 +29,9 @@ import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torc
 import argparse
 import csv
 import io
+import math
 import os
+import re
 import statistics
 import subprocess
 
@@ -172,13 +176,27 @@ def run_all(args):
 
 
 def finished(record):
-    """{(model, method): [entry, ...]} of the runs with a dev accuracy, in record order."""
+    """{(model, method): [entry, ...]} of the runs with a dev accuracy, a model's methods
+    together, in record order."""
     groups = {}
     for entry in record.values():
         if 'dev_correct' in entry and entry.get('dev_total'):
             made_with = entry['made_with']
             groups.setdefault((made_with['model'], made_with['method']), []).append(entry)
-    return groups
+    models = list(dict.fromkeys(model for model, _ in groups))
+    return dict(sorted(groups.items(), key=lambda item: models.index(item[0][0])))
+
+
+def pretraining_seeds(groups):
+    """{(recipe, method): {model: [accuracy, ...]}} of the recipes pretrained with two or
+    more seeds: models named RECIPE (the default seed) and RECIPE.sN, as perceiver,
+    perceiver.s1 and perceiver.s2 are."""
+    recipes = {}
+    for (model, method), entries in groups.items():
+        match = re.fullmatch(r'(.+)\.s\d+', model)
+        recipe = match.group(1) if match else model
+        recipes.setdefault((recipe, method), {})[model] = [accuracy(e) for e in entries]
+    return {key: models for key, models in recipes.items() if len(models) > 1}
 
 
 def accuracy(entry):
@@ -189,6 +207,16 @@ def mean_sd(values):
     if len(values) < 2:
         return f"{values[0]:.1f}" if values else "-"
     return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
+
+
+def between_within(models):
+    """(sd of the pretrainings' mean accuracies, sd of the finetuning seeds pooled over the
+    pretrainings: sqrt(sum((n_i - 1) var_i) / sum(n_i - 1)))."""
+    between = statistics.stdev(statistics.mean(values) for values in models.values())
+    spread = [(len(v) - 1, statistics.variance(v)) for v in models.values() if len(v) > 1]
+    freedom = sum(n for n, _ in spread)
+    within = math.sqrt(sum(n * var for n, var in spread) / freedom) if freedom else None
+    return between, within
 
 
 def table(record):
@@ -214,6 +242,27 @@ def table(record):
             f"{len(entries)} | {mean_sd([accuracy(e) for e in entries])} | {every} | "
             f"{run.format_seconds(statistics.mean(seconds)) if seconds else '-'} |"
         )
+    seeds = pretraining_seeds(groups)
+    if seeds:
+        lines += [
+            '',
+            '## Pretraining seed and finetuning seed',
+            '',
+            "Models pretrained by the same commands with other seeds (RECIPE.sN beside RECIPE). "
+            "Between pretrainings: the sample standard deviation of each pretraining's mean; "
+            "within: the finetuning seeds' standard deviation, pooled over the pretrainings.",
+            '',
+            '| recipe | method | pretrainings | runs | dev accuracy | sd between pretrainings '
+            '| sd within (finetuning seeds) |',
+            '|---|---|---|---|---|---|---|',
+        ]
+        for (recipe, method), models in seeds.items():
+            every = [a for values in models.values() for a in values]
+            between, within = between_within(models)
+            lines.append(
+                f"| {recipe} | {method} | {len(models)} | {len(every)} | {mean_sd(every)} | "
+                f"{between:.1f} | {'-' if within is None else f'{within:.1f}'} |"
+            )
     return '\n'.join(lines) + '\n'
 
 
@@ -229,7 +278,7 @@ def rows_csv(record):
         for e in entries:
             m = e['made_with']
             writer.writerow([m['model'], m['method'], m['seed'], e.get('trainable', ''),
-                             e.get('parameters', ''), e['dev_correct'], e['dev_total'],
+                             e.get('parameters', ''), int(e['dev_correct']), int(e['dev_total']),
                              f"{accuracy(e):.1f}", f"{e.get('finetune_seconds', 0):.1f}",
                              e.get('commit') or ''])  # fmt: skip
     return out.getvalue()

@@ -4,6 +4,7 @@ what exists and refuses what was made with other settings."""
 
 import csv
 import json
+import math
 import statistics
 
 import pytest
@@ -108,3 +109,31 @@ def test_the_table_and_picture_again_from_the_record(tmp_path, capsys):
     assert (tmp_path / 'grid.png').stat().st_size > 1000
     with pytest.raises(SystemExit, match='no finished runs yet'):
         grid.main(['--outdir', str(tmp_path / 'empty')])
+
+
+def finished_run(model, method, seed, correct, total=50):
+    return {'made_with': {'model': model, 'method': method, 'seed': seed},
+            'dev_correct': float(correct), 'dev_total': float(total)}  # fmt: skip
+
+
+def test_pretraining_seeds_are_set_beside_finetuning_seeds():
+    """p, p.s1 and p.s2 are one recipe pretrained with three seeds: accuracies 10 and 20,
+    30 and 40, 20 and 30 (%): means 15, 35 and 25, each with sample variance 50."""
+    runs = [('p', 'full', 0, 5), ('q', 'full', 0, 5), ('p', 'full', 1, 10),
+            ('p.s1', 'full', 0, 15), ('p.s1', 'full', 1, 20), ('p', 'lora:1', 0, 5),
+            ('p.s2', 'full', 0, 10), ('p.s2', 'full', 1, 15), ('q.s1', 'lora:1', 0, 5)]  # fmt: skip
+    record = {f'{m} {meth} s{s}': finished_run(m, meth, s, c) for m, meth, s, c in runs}
+    table = grid.table(record)
+    models = [line.split(' | ')[0] for line in table.splitlines() if line.startswith('| ')]
+    # a model's methods together, models in the order they first appear
+    assert models[:7] == ['| model', '| p', '| p', '| q', '| p.s1', '| p.s2', '| q.s1']
+    # all six runs: mean 25, sample sd sqrt((15^2 + 5^2 + 5^2 + 15^2 + 5^2 + 5^2) / 5);
+    # between: sd of 15, 35, 25 = 10; within: sqrt((50 + 50 + 50) / 3)
+    assert f'| p | full | 3 | 6 | 25.0 ± {math.sqrt(550 / 5):.1f} | 10.0 | 7.1 |' in table
+    assert table.count('| p | lora:1 |') == 1 and '| q | full | 2' not in table  # one seed each
+    # the pooled sd weighs each pretraining by its degrees of freedom
+    between, within = grid.between_within({'a': [10, 20, 30], 'b': [0, 10]})
+    assert between == pytest.approx(statistics.stdev([20, 5]))
+    assert within == pytest.approx(math.sqrt((2 * 100 + 1 * 50) / 3))
+    assert grid.between_within({'a': [10], 'b': [0]}) == (pytest.approx(math.sqrt(50)), None)
+    assert grid.rows_csv(record).splitlines()[1] == 'p,full,0,,,5,50,10.0,0.0,'

@@ -4,6 +4,7 @@
     python src/analyze.py vanilla.pretrain.dev.predictions \\
         --params vanilla.finetune.params --variant vanilla --json vanilla.analysis.json
     python src/analyze.py --coverage_plot coverage.png vanilla.analysis.json rope.analysis.json
+        # the reports side by side: a table, and the picture of accuracy against coverage
 
 Every dev person has a wiki.txt document that begins with their name. Each prediction is
 sorted into one of four categories: correct; wrong but found in the person's own document
@@ -336,9 +337,33 @@ def print_report(report):
         )
 
 
-def coverage_plot(report_paths, out):
-    """Accuracy against coverage, a line per report that has confidences."""
-    reports = [read_report(path) for path in report_paths]
+def comparison(reports):
+    """A markdown table of the reports' categories, confidence and invented people."""
+    lines = [
+        '| model | correct | own document | prior | made up | AUROC | right among its 25% / '
+        '50% / 75% / 100% most confident | median confidence: dev / invented | answers among '
+        f'the top {PRIOR_PLACES} places: dev / invented | commonest answers for invented people |',
+        '|---|---|---|---|---|---|---|---|---|---|',
+    ]
+    for report in reports:
+        n, counts = report['questions'], report['categories']
+        shares = ' | '.join(f"{counts[c] / n:.1%}" for c in CATEGORIES)
+        auroc_text = 'n/a' if report['auroc'] is None else f"{report['auroc']:.2f}"
+        covered = ' / '.join(f"{a:.1%}" for a in report['accuracy at coverage'].values())
+        prior = set(report['prior places'])
+        dev_prior = sum(r['prediction'] in prior for r in report['records']) / n
+        invented = report['invented people']
+        common = ', '.join(f"{a or '(empty)'} {c}" for a, c in invented['most common answers'][:3])
+        lines.append(
+            f"| {report['name']} | {shares} | {auroc_text} ({counts['correct']} right) | "
+            f"{covered} | {report['median confidence']:.3f} / {invented['median confidence']:.3f}"
+            f" | {dev_prior:.1%} / {invented['share among the top places']:.1%} | {common} |"
+        )
+    return '\n'.join(lines)
+
+
+def coverage_plot(reports, out):
+    """Accuracy against coverage, a line per report."""
     plt = plot.pyplot('--coverage_plot')
     fig, ax = plt.subplots(figsize=(6, 4))
     for report in reports:
@@ -361,7 +386,10 @@ def read_report(path):
     try:
         with open(path, encoding='utf-8') as f:
             report = json.load(f)
-        if not all('confidence' in r for r in report['records']):
+        needed = ['name', 'questions', 'categories', 'prior places', 'auroc',
+                  'accuracy at coverage', 'median confidence', 'invented people']  # fmt: skip
+        records = report['records']
+        if any(k not in report for k in needed) or any('confidence' not in r for r in records):
             raise KeyError('confidence')
         return report
     except OSError as e:
@@ -397,7 +425,9 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         if args.coverage_plot:
-            coverage_plot(args.inputs, args.coverage_plot)
+            reports = [read_report(path) for path in args.inputs]
+            print(comparison(reports))
+            coverage_plot(reports, args.coverage_plot)
             print(f"accuracy against coverage written to {args.coverage_plot}")
             return
         report = analyze(args)

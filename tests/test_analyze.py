@@ -177,9 +177,20 @@ def test_mismatched_files_are_one_clear_line(folder, capsys, predictions, tsv_te
     assert re.search(message, str(stop.value.code)), stop.value.code
 
 
-def test_coverage_plot_draws_reports_and_refuses_others(tmp_path, capsys):
-    report = {'name': 'm', 'records': [{'confidence': c, 'category': k} for c, k in
-              [(0.9, 'correct'), (0.5, 'made up'), (0.2, 'prior')]]}  # fmt: skip
+def test_reports_side_by_side_a_table_and_a_picture(tmp_path, capsys):
+    """The table holds each report's figures; dev answers among the top places are counted
+    from its records (Paris twice of four)."""
+    records = [{'confidence': c, 'category': k, 'prediction': p} for c, k, p in
+               [(0.9, 'correct', 'Brno'), (0.5, 'made up', 'Atlantis'), (0.2, 'prior', 'Paris'),
+                (0.1, 'own document', 'Paris')]]  # fmt: skip
+    report = {
+        'name': 'm', 'questions': 4, 'prior places': ['Paris', 'Vienna'], 'auroc': 1.0,
+        'categories': {'correct': 1, 'own document': 1, 'prior': 1, 'made up': 1},
+        'accuracy at coverage': {'0.25': 1.0, '0.5': 0.5, '0.75': 1 / 3, '1.0': 0.25},
+        'median confidence': 0.35, 'records': records,
+        'invented people': {'people': 5, 'share among the top places': 0.2, 'median confidence':
+                            0.125, 'most common answers': [['Rome', 3], ['', 1], ['Paris', 1]]},
+    }  # fmt: skip
     write(tmp_path / 'r.json', json.dumps(report))
     write(tmp_path / 'no_params.json', json.dumps({'name': 'n', 'records': [{'category': 'x'}]}))
     with pytest.raises(SystemExit) as stop:
@@ -189,5 +200,11 @@ def test_coverage_plot_draws_reports_and_refuses_others(tmp_path, capsys):
         "no_params.json: not a report of analyze.py --params ... --json"
     )
     pytest.importorskip('matplotlib', reason='the picture needs matplotlib, an optional install')
+    capsys.readouterr()
     analyze.main([str(tmp_path / 'r.json'), '--coverage_plot', str(tmp_path / 'c.png')])
     assert (tmp_path / 'c.png').read_bytes()[:4] == b'\x89PNG'
+    assert (
+        '| m | 25.0% | 25.0% | 25.0% | 25.0% | 1.00 (1 right) | 100.0% / 50.0% / 33.3% / '
+        '25.0% | 0.350 / 0.125 | 50.0% / 20.0% | Rome 3, (empty) 1, Paris 1 |'
+        in (capsys.readouterr().out)
+    )

@@ -193,10 +193,14 @@ def pretraining_seeds(groups):
     perceiver.s1 and perceiver.s2 are."""
     recipes = {}
     for (model, method), entries in groups.items():
-        match = re.fullmatch(r'(.+)\.s\d+', model)
-        recipe = match.group(1) if match else model
-        recipes.setdefault((recipe, method), {})[model] = [accuracy(e) for e in entries]
+        recipes.setdefault((recipe_of(model), method), {})[model] = [accuracy(e) for e in entries]
     return {key: models for key, models in recipes.items() if len(models) > 1}
+
+
+def recipe_of(model):
+    """perceiver.s1 -> perceiver: a model pretrained with another seed belongs to its recipe."""
+    match = re.fullmatch(r'(.+)\.s\d+', model)
+    return match.group(1) if match else model
 
 
 def accuracy(entry):
@@ -285,28 +289,38 @@ def rows_csv(record):
 
 
 def plot_grid(record, out):
-    """Dev accuracy against trainable parameters: a point per run, a line per model
-    through its methods' means."""
+    """Dev accuracy against trainable parameters: a point per run, a colour per recipe (its
+    pretraining seeds together), a marker per kind of method, and a line per recipe through
+    the means of LoRA's ranks and full finetuning (adapters are another kind: points only)."""
     plt = plot.pyplot('--plot')
-    by_model = {}
-    for (model, _), entries in finished(record).items():
+    markers = {'lora': 'o', 'adapter': '^', 'full': 's'}
+    by_recipe = {}
+    for (model, method), entries in finished(record).items():
         entries = [e for e in entries if 'trainable' in e]
         if entries:
-            by_model.setdefault(model, []).append(entries)
+            by_recipe.setdefault(recipe_of(model), {}).setdefault(method, []).extend(entries)
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for model, groups in by_model.items():
-        groups.sort(key=lambda g: g[0]['trainable'])
-        xs = [e['trainable'] for g in groups for e in g]
-        points = ax.scatter(xs, [accuracy(e) for g in groups for e in g], s=12, alpha=0.6)
-        means = [statistics.mean(accuracy(e) for e in g) for g in groups]
-        ax.plot([g[0]['trainable'] for g in groups], means, color=points.get_facecolor()[0],
-                alpha=1.0, label=model)  # fmt: skip
+    for i, (recipe, methods) in enumerate(by_recipe.items()):
+        color = f'C{i}'
+        on_line = []
+        for method, entries in methods.items():
+            kind = method.split(':')[0]
+            accuracies = [accuracy(e) for e in entries]
+            ax.scatter([e['trainable'] for e in entries], accuracies, s=14, alpha=0.6,
+                       color=color, marker=markers.get(kind, 'x'))  # fmt: skip
+            if kind != 'adapter':
+                on_line.append((entries[0]['trainable'], statistics.mean(accuracies)))
+        on_line.sort()
+        xs, ys = zip(*on_line) if on_line else ((), ())
+        ax.plot(xs, ys, color=color, label=recipe)
+    for kind, marker in markers.items():
+        ax.scatter([], [], color='gray', marker=marker, label=kind)
     ax.set_xscale('log')
     ax.set_xlabel('trainable parameters (log scale)')
     ax.set_ylabel('dev accuracy (%)')
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize='small', ncol=2)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
 

@@ -111,6 +111,30 @@ def test_the_table_and_picture_again_from_the_record(tmp_path, capsys):
         grid.main(['--outdir', str(tmp_path / 'empty')])
 
 
+def test_the_picture_has_a_line_per_recipe_through_lora_and_full(monkeypatch, tmp_path):
+    """p and p.s1 are one recipe (one colour, one line); the line goes through the means of
+    LoRA and full finetuning by trainable parameters, never through adapters."""
+    pytest.importorskip('matplotlib', reason='the picture needs matplotlib, an optional install')
+    runs = [('p', 'full', 0, 10, 1000), ('p.s1', 'full', 0, 20, 1000), ('p', 'lora:1', 0, 5, 10),
+            ('p', 'adapter', 0, 25, 50), ('q', 'adapter', 0, 5, 50)]  # fmt: skip
+    record = {}
+    for model, method, seed, correct, trainable in runs:
+        record[f'{model} {method} s{seed}'] = finished_run(model, method, seed, correct)
+        record[f'{model} {method} s{seed}']['trainable'] = trainable
+    figures = []
+    plt = grid.plot.pyplot('test')
+    monkeypatch.setattr(plt.Figure, 'savefig', lambda fig, *a, **k: figures.append(fig))
+    grid.plot_grid(record, tmp_path / 'grid.png')
+    ax = figures[0].axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines) == ['p', 'q']
+    assert list(lines['p'].get_xdata()) == [10, 1000]
+    assert list(lines['p'].get_ydata()) == [10.0, 30.0]  # lora 5/50; full (10 + 20)/2 of 50
+    assert len(lines['q'].get_xdata()) == 0
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ['p', 'q', 'lora', 'adapter', 'full']
+
+
 def finished_run(model, method, seed, correct, total=50):
     return {'made_with': {'model': model, 'method': method, 'seed': seed},
             'dev_correct': float(correct), 'dev_total': float(total)}  # fmt: skip

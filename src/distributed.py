@@ -3,9 +3,10 @@
 Each process computes the loss of its share of every batch's rows (shard_rows) and
 DistributedDataParallel averages the gradients, so the steps are those of one process;
 the processes agree on when to stop (any_process), and process 0 alone writes files.
-trainer.py uses this; run.py checks the launch and joins the process group.
+trainer.py uses this; run.py checks the launch, joins the process group and leaves it.
 """
 
+import gc
 import os
 
 import torch
@@ -94,3 +95,13 @@ def init_distributed(device):
     if device == 'cuda':
         torch.cuda.set_device(int(os.environ['LOCAL_RANK']))
     dist.init_process_group('nccl' if device == 'cuda' else 'gloo')
+
+
+def leave():
+    """Leave the process group, if this process joined one. A trainer holds the group
+    through its DDP wrapper until the garbage collector frees it (the trainer and its
+    Stopper refer to each other); collected first, the group ends here and not during the
+    interpreter's shutdown, where gloo's worker threads can abort the process (SIGABRT)."""
+    if dist.is_initialized():
+        gc.collect()
+        dist.destroy_process_group()

@@ -385,24 +385,26 @@ def main(argv=None):
     args = parse_args(argv)
     if int(os.environ.get('RANK', 0)) > 0:
         sys.stdout = open(os.devnull, 'w')  # under torchrun, process 0 speaks for all
+    status = 0
     try:
         check_args(args)
         PHASES[args.function](args)
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
     except files.UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        status = 2
     except resume.TrainingInterrupted as e:
         print(f"\n{e}. To continue: {continue_command(args, argv)}", file=sys.stderr)
-        sys.exit(130)
+        status = 130
     except metrics.NonFiniteLoss as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(3)
+        status = 3
     except KeyboardInterrupt:  # before training started, or a second Ctrl-C
         state = f"{args.writing_params_path}.resume" if args.function != 'evaluate' else None
         print(f"\n{resume.what_is_kept(state, continue_command(args, argv))}", file=sys.stderr)
-        sys.exit(130)
+        status = 130
+    distributed.leave()  # after the handlers, whose exception's traceback holds the trainer
+    if status:
+        sys.exit(status)
 
 
 def continue_command(args, argv):

@@ -6,6 +6,7 @@ import random
 import signal
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import dataset
+import distributed
 import finetune_methods
 import model
 import packing
@@ -86,11 +88,22 @@ def interrupted_run(rank, world_size, folder, method):
     random.seed(100 + rank)
     torch.manual_seed(100 + rank)
     gpt, ds, config = setup(folder, method, resume=True)
-    trainer.Trainer(gpt, ds, None, config).train()
+    resumed = trainer.Trainer(gpt, ds, None, config)
+    resumed.train()
+    wrappers = [weakref.ref(t.ddp), weakref.ref(resumed.ddp)]
+    t = resumed = None
+    # as run.py ends: the group must go with the trainers' DDP wrappers, not linger until
+    # the interpreter's shutdown (where gloo's threads abort the process now and then)
+    distributed.leave()
     torch.save(
-        {'params': gpt.state_dict(), 'seed': seed, 'stopped': stopped}, folder / f'rank{rank}.pt'
+        {
+            'params': gpt.state_dict(),
+            'seed': seed,
+            'stopped': stopped,
+            'left': not dist.is_initialized() and all(w() is None for w in wrappers),
+        },
+        folder / f'rank{rank}.pt',
     )
-    dist.destroy_process_group()
 
 
 def csv_losses(path):
@@ -114,6 +127,7 @@ def test_two_processes_compute_what_one_computes(tmp_path, method):
         == 'interrupted at epoch 1, step 3; state saved to ' + str(ddp / 'state.resume')
     )
     assert results[0]['seed'] != results[1]['seed']  # a dropout stream per process
+    assert results[0]['left'] and results[1]['left']
     for k in expected:
         assert torch.equal(results[0]['params'][k], results[1]['params'][k]), k
         torch.testing.assert_close(results[0]['params'][k], expected[k], rtol=1e-4, atol=1e-5)

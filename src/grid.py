@@ -213,14 +213,33 @@ def mean_sd(values):
     return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
 
 
+def figure(value):
+    return '-' if value is None else f'{value:.1f}'
+
+
 def between_within(models):
     """(sd of the pretrainings' mean accuracies, sd of the finetuning seeds pooled over the
-    pretrainings: sqrt(sum((n_i - 1) var_i) / sum(n_i - 1)))."""
-    between = statistics.stdev(statistics.mean(values) for values in models.values())
+    pretrainings: sqrt(sum((n_i - 1) var_i) / sum(n_i - 1)), sd of the pretraining seed alone).
+
+    The pretrainings' means differ by the pretraining seed and by finetuning noise, whose
+    share of their variance is within^2 / n. The last figure takes it out, as a one-way
+    random-effects analysis of variance does: sqrt(max(0, (MSB - MSW) / n0)), where
+    MSB = sum(n_i (m_i - m)^2) / (k - 1) over the k pretrainings with means m_i about the mean
+    m of all runs, MSW = within^2 and n0 = (N - sum(n_i^2) / N) / (k - 1), which is n when
+    every pretraining has n runs. None without two runs of some pretraining."""
+    means = [statistics.mean(values) for values in models.values()]
+    between = statistics.stdev(means)
     spread = [(len(v) - 1, statistics.variance(v)) for v in models.values() if len(v) > 1]
     freedom = sum(n for n, _ in spread)
-    within = math.sqrt(sum(n * var for n, var in spread) / freedom) if freedom else None
-    return between, within
+    if not freedom:
+        return between, None, None
+    within = math.sqrt(sum(n * var for n, var in spread) / freedom)
+    sizes = [len(values) for values in models.values()]
+    total, k = sum(sizes), len(sizes)
+    grand = sum(n * m for n, m in zip(sizes, means)) / total
+    msb = sum(n * (m - grand) ** 2 for n, m in zip(sizes, means)) / (k - 1)
+    n0 = (total - sum(n * n for n in sizes) / total) / (k - 1)
+    return between, within, math.sqrt(max(0.0, (msb - within**2) / n0))
 
 
 def table(record):
@@ -254,18 +273,20 @@ def table(record):
             '',
             "Models pretrained by the same commands with other seeds (RECIPE.sN beside RECIPE). "
             "Between pretrainings: the sample standard deviation of each pretraining's mean; "
-            "within: the finetuning seeds' standard deviation, pooled over the pretrainings.",
+            "within: the finetuning seeds' standard deviation, pooled over the pretrainings; "
+            "pretraining seed alone: the between figure less the finetuning noise the "
+            "pretrainings' means carry (a one-way random-effects estimate).",
             '',
             '| recipe | method | pretrainings | runs | dev accuracy | sd between pretrainings '
-            '| sd within (finetuning seeds) |',
-            '|---|---|---|---|---|---|---|',
+            '| sd within (finetuning seeds) | sd of the pretraining seed alone |',
+            '|---|---|---|---|---|---|---|---|',
         ]
         for (recipe, method), models in seeds.items():
             every = [a for values in models.values() for a in values]
-            between, within = between_within(models)
+            between, within, alone = between_within(models)
             lines.append(
                 f"| {recipe} | {method} | {len(models)} | {len(every)} | {mean_sd(every)} | "
-                f"{between:.1f} | {'-' if within is None else f'{within:.1f}'} |"
+                f"{between:.1f} | {figure(within)} | {figure(alone)} |"
             )
     return '\n'.join(lines) + '\n'
 

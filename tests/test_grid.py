@@ -152,12 +152,22 @@ def test_pretraining_seeds_are_set_beside_finetuning_seeds():
     # a model's methods together, models in the order they first appear
     assert models[:7] == ['| model', '| p', '| p', '| q', '| p.s1', '| p.s2', '| q.s1']
     # all six runs: mean 25, sample sd sqrt((15^2 + 5^2 + 5^2 + 15^2 + 5^2 + 5^2) / 5);
-    # between: sd of 15, 35, 25 = 10; within: sqrt((50 + 50 + 50) / 3)
-    assert f'| p | full | 3 | 6 | 25.0 ± {math.sqrt(550 / 5):.1f} | 10.0 | 7.1 |' in table
+    # between: sd of 15, 35, 25 = 10; within: sqrt((50 + 50 + 50) / 3); the pretraining
+    # seed alone: sqrt(10^2 - 50 / 2), two runs per pretraining
+    row = (
+        f'| p | full | 3 | 6 | 25.0 ± {math.sqrt(550 / 5):.1f} | 10.0 | 7.1 | {math.sqrt(75):.1f} |'
+    )
+    assert row in table
     assert table.count('| p | lora:1 |') == 1 and '| q | full | 2' not in table  # one seed each
     # the pooled sd weighs each pretraining by its degrees of freedom
-    between, within = grid.between_within({'a': [10, 20, 30], 'b': [0, 10]})
+    between, within, alone = grid.between_within({'a': [10, 20, 30], 'b': [0, 10]})
     assert between == pytest.approx(statistics.stdev([20, 5]))
     assert within == pytest.approx(math.sqrt((2 * 100 + 1 * 50) / 3))
-    assert grid.between_within({'a': [10], 'b': [0]}) == (pytest.approx(math.sqrt(50)), None)
+    # unequal runs: the analysis of variance's sums of squares over all five runs, mean 14
+    msb = 3 * (20 - 14) ** 2 + 2 * (5 - 14) ** 2  # between pretrainings, k - 1 = 1
+    msw = ((10 - 20) ** 2 + 0 + (30 - 20) ** 2 + (0 - 5) ** 2 + (10 - 5) ** 2) / (5 - 2)
+    assert alone == pytest.approx(math.sqrt((msb - msw) / (5 - (3**2 + 2**2) / 5)))
+    # means closer than finetuning noise explains: the pretraining seed's share is none
+    assert grid.between_within({'a': [0, 20], 'b': [1, 21]})[2] == 0
+    assert grid.between_within({'a': [10], 'b': [0]}) == (pytest.approx(math.sqrt(50)), None, None)
     assert grid.rows_csv(record).splitlines()[1] == 'p,full,0,,,5,50,10.0,0.0,'

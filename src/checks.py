@@ -26,8 +26,9 @@ def check_flags(args, block_size, padded_length):
     for name in NEEDS[args.function]:
         if not getattr(args, name):
             raise UserError(f"{args.function} needs --{name}")
-    if args.resume and args.function == 'evaluate':
-        raise UserError("--resume applies to pretrain and finetune only")
+    for flag in ('resume', 'save_every'):
+        if getattr(args, flag) and args.function == 'evaluate':
+            raise UserError(f"--{flag} applies to pretrain and finetune only")
     if not 0 < args.bottleneck_dim <= block_size:
         raise UserError(
             f"--bottleneck_dim {args.bottleneck_dim}: must be between 1 and the "

@@ -2,12 +2,13 @@
 reads a state_dict without running anything in the file (load_weights_only),
 accepts the names that wrapped models save (DataParallel, torch.compile), tells the
 variant from the names, and checks the vocabulary, the shapes and that every value is
-finite, each problem a one-line UserError. run.py and resume.py use it; cpu_state_dict
+finite, each problem a one-line UserError. run.py and resume.py use it; written_params
 is what every written params file holds.
 """
 
 import torch
 
+import finetune_methods
 from files import UserError, convert_command, load_weights_only
 
 # For a params file refused for holding objects: keep its tensors only (of a pickled
@@ -93,6 +94,12 @@ def params_variant(state):
 def cpu_state_dict(model):
     """The model's state_dict with CPU tensors, so .params files load on any machine."""
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def written_params(model):
+    """What a .params file of the model holds: its CPU state_dict with LoRA merged into the
+    weights, under the plain model's names."""
+    return finetune_methods.merge_lora(cpu_state_dict(model), model)
 
 
 def check_tensor_dict(state, where):

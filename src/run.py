@@ -149,6 +149,12 @@ def add_overrides(quick):
         action='store_true',
         help="continue an interrupted pretrain/finetune from its saved state",
     )
+    quick.add_argument(
+        '--save_every',
+        type=positive(int),
+        help="also write the params after every N epochs, named like --writing_params_path "
+        "with .epochN before .params (vanilla.pretrain.epoch050.params)",
+    )
 
 
 def positive(kind):
@@ -281,8 +287,7 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
     run.train()
     path = args.writing_params_path
     if run.rank == 0:
-        state = finetune_methods.merge_lora(params_files.cpu_state_dict(gpt), gpt)
-        files.atomic_save(state, path)
+        files.atomic_save(params_files.written_params(gpt), path)
         # only now: a run stopped before its params are written can still be resumed
         if os.path.exists(config.resume_path):
             os.remove(config.resume_path)
@@ -313,6 +318,8 @@ def trainer_config(args, phase, corpus_lines, device):
         final_tokens=schedule_epochs * corpus_lines * BLOCK_SIZE,
         precision=devices.training_precision(args.precision, device),
         device=device,
+        ckpt_path=checkpoint_path(path, settings['max_epochs']) if args.save_every else None,
+        save_every=args.save_every or 1,
         resume_path=path + '.resume',
         resume=args.resume,
         metrics_path=path + '.metrics.csv',
@@ -321,6 +328,14 @@ def trainer_config(args, phase, corpus_lines, device):
             'full' if pretraining else args.finetune_method, **finetune_methods.settings(args)
         ),
     )
+
+
+def checkpoint_path(params_path, max_epochs):
+    """--save_every's file names: params_path with .epoch{epoch} before its .params (or at
+    its end), the epoch zero-padded to max_epochs' width so that the files sort in order."""
+    stem = params_path.removesuffix('.params')
+    width = len(str(max_epochs))
+    return f"{stem}.epoch{{epoch:0{width}d}}" + params_path[len(stem) :]
 
 
 def format_seconds(seconds):

@@ -39,7 +39,8 @@ class TrainerConfig:
     warmup_tokens = 375e6  # these two numbers count every target position, PAD included
     final_tokens = 260e9
     # checkpoint settings
-    ckpt_path = None  # the model's state_dict is saved here after every epoch
+    ckpt_path = None  # the params are written here after every save_every-th epoch;
+    save_every = 1  # '{epoch}' in ckpt_path becomes the epoch's number (from 1)
     num_workers = 0  # accepted for compatibility: batches are always built in this process
     # additions, all off by default
     precision = 'fp32'  # 'bf16' or 'fp16': autocast the forward pass (fp16 with a gradient scaler)
@@ -75,9 +76,12 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device, enabled=config.precision == 'fp16')
         self.tokens = 0  # counter used for learning rate decay
 
-    def save_checkpoint(self):
-        if self.config.ckpt_path is not None and self.rank == 0:
-            files.atomic_save(params_files.cpu_state_dict(self.model), self.config.ckpt_path)
+    def save_checkpoint(self, epoch):
+        config = self.config
+        if config.ckpt_path is None or self.rank > 0 or (epoch + 1) % config.save_every:
+            return
+        path = config.ckpt_path.format(epoch=epoch + 1)
+        files.atomic_save(params_files.written_params(self.model), path)
 
     def lr_at(self, tokens):
         config = self.config
@@ -237,7 +241,7 @@ class Trainer:
             self.test_loss()
         self.elapsed = time.time() - self.start_time
         self.log.flush(self.elapsed)
-        self.save_checkpoint()
+        self.save_checkpoint(epoch)
         self.stopper.after_epoch(epoch)
 
     def any_process(self, flag):

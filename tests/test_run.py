@@ -273,6 +273,51 @@ def test_params_are_written_before_the_state_is_removed(tiny, monkeypatch, capsy
     assert not (tiny / 'resumed.params.resume').exists()
 
 
+def test_save_every_writes_the_params_a_shorter_run_ends_with(tiny, monkeypatch):
+    """--save_every 2 of a 4-epoch run writes after epochs 2 and 4; the schedule does not
+    depend on max_epochs, so epoch 2's file equals a 2-epoch run's params, and epoch 4's
+    the run's own. A run interrupted after epoch 3 and resumed writes the same epoch 4."""
+    args = ['pretrain', 'vanilla', 'wiki.txt', '--batch_size', 8, '--precision', 'fp32']
+    assert main(*args, '--max_epochs', 2, '--writing_params_path', 'two.params', cwd=tiny) == 0
+    assert main(*args, '--max_epochs', 4, '--save_every', 2, '--writing_params_path',
+                'four.params', cwd=tiny) == 0  # fmt: skip
+    load = lambda name: torch.load(tiny / name, weights_only=True)
+    written = sorted(p.name for p in tiny.glob('four.*params'))
+    assert written == ['four.epoch2.params', 'four.epoch4.params', 'four.params']
+    for checkpoint, params in (('four.epoch2.params', 'two.params'), ('four.epoch4.params',
+                               'four.params')):  # fmt: skip
+        a, b = load(checkpoint), load(params)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), checkpoint
+
+    monkeypatch.setattr(trainer.TrainerConfig, 'save_every_s', 0)  # a state after every epoch
+    real_end_epoch = trainer.Trainer.end_epoch
+
+    def stop_after_epoch_3(self, epoch):
+        real_end_epoch(self, epoch)
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer.Trainer, 'end_epoch', stop_after_epoch_3)
+    resumed = [*args, '--max_epochs', 4, '--save_every', 2, '--writing_params_path', 'r.params']
+    assert main(*resumed, cwd=tiny) == 130
+    assert sorted(p.name for p in tiny.glob('r.*params')) == ['r.epoch2.params']
+    monkeypatch.setattr(trainer.Trainer, 'end_epoch', real_end_epoch)
+    assert main(*resumed, '--resume', cwd=tiny) == 0
+    a, b = load('r.epoch4.params'), load('four.epoch4.params')
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    evaluate = ['evaluate', 'vanilla', 'wiki.txt', '--reading_params_path', 'four.params',
+                '--eval_corpus_path', 'dev.tsv', '--outputs_path', 'dev.predictions']  # fmt: skip
+    assert main(*evaluate, cwd=tiny) == 0
+    assert main(*evaluate, '--save_every', 2, cwd=tiny) == 2
+
+
+def test_checkpoint_path_sorts_by_epoch():
+    assert run.checkpoint_path('out/v.pretrain.params', 650).format(epoch=50) == (
+        'out/v.pretrain.epoch050.params'
+    )
+    assert run.checkpoint_path('v.model', 10).format(epoch=3) == 'v.model.epoch03'
+
+
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_cli_run_resumes_to_identical_params(tiny, signum):
     """Ctrl-C or SIGTERM in the middle of an epoch (held there by hold_at_step.py, so that

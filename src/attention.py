@@ -8,11 +8,13 @@ position alone instead of from pairs of positions.
 CausalCrossAttention (2023 edition, the perceiver) takes keys/values from one sequence and
 queries from another; perceiver.py's DownProjectBlock and UpProjectBlock are built on it.
 
-The self-attentions take, besides x, two optional helpers for speed that never change the result:
-  packing  x holds only the positions that matter, as (N, C) rows (packing.py);
-           attention alone needs padded (B, T, C) rows, and unpacks for it.
-  cache    a dict (one per layer) keeping the keys/values of earlier positions, so that
-           greedy decoding feeds only the newest position (see decoding.greedy_complete).
+Each forward() is the handout's computation, written out; where torch's fused kernel is
+faster (evaluation, GPUs), fused_attention computes the same. The self-attentions take,
+besides x, two optional arguments that make them faster without changing the result:
+  packing  x holds only the positions that can change the loss, as (N, C) rows
+           (packing.py); attention needs whole rows, so it runs on groups of padded rows.
+  cache    a KVCache keeping the keys and values of earlier positions, so that greedy
+           decoding feeds only the newest position (decoding.greedy_complete).
 Their parameter names match the original starter code, so .params files load both ways.
 """
 
@@ -23,27 +25,50 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from dropout import Dropout
-from packing import attend_in_groups
+from packing import padded_groups, repacked
 
 
-def _split_heads(x, n_head):
+def split_heads(x, n_head):
     B, T, C = x.size()
     return x.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, nh, T, hs)
 
 
-def _merge_heads(y):
+def merge_heads(y):
     B, nh, T, hs = y.size()
     return y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, C): heads side by side
 
 
-def _extend(cache, name, new):
-    """Append the new positions' keys or values to those cached from earlier calls."""
-    if cache is None:
-        return new
-    if name in cache:
-        new = torch.cat((cache[name], new), dim=2)  # (B, nh, past+T, hs)
-    cache[name] = new
-    return new
+def fused_attention(q, k, v, mask, past, dropout_p):
+    """softmax(q k^T / sqrt(hs), causal) v in torch's fused kernel: (B, nh, Tq, hs). Query i
+    stands at position past+i and sees keys 0..past+i: the block_size mask cut to
+    [past:past+Tq, :Tk], or the kernel's own causal mask where that is the same."""
+    Tq, Tk = q.size(2), k.size(2)
+    if past == 0 and Tq == Tk:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    allowed = mask[:, :, past : past + Tq, :Tk].bool()  # (1, 1, Tq, Tk)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+
+
+class KVCache:
+    """One attention layer's keys and values of the positions decoded so far, so that each
+    decoding step feeds only its newest position (decoding.greedy_complete)."""
+
+    def __init__(self):
+        self.k = self.v = None
+
+    @property
+    def past(self):
+        """How many positions are cached."""
+        return 0 if self.v is None else self.v.size(2)
+
+    def extend(self, k, v):
+        """(B, nh, T, hs) keys and values of new positions -> those of all positions so far,
+        (B, nh, past+T, hs). k may be None (the synthesizer has no keys)."""
+        if self.v is not None:
+            k = None if k is None else torch.cat((self.k, k), dim=2)
+            v = torch.cat((self.v, v), dim=2)
+        self.k, self.v = k, v
+        return k, v
 
 
 def precompute_rotary_emb(dim, max_positions):
@@ -61,7 +86,7 @@ def apply_rotary_emb(x, rope_cache):
     """Rotates each adjacent pair (x_{2i-1}, x_{2i}) of x (B, nh, T, hs) at position t by
     t theta_i, using the first T rows of rope_cache: the complex product
     (x_{2i-1} + i x_{2i}) e^{i t theta_i}. Callers slice the cache to start at the first
-    position's absolute index (see CausalSelfAttention.attend)."""
+    position's absolute index (see CausalSelfAttention.forward)."""
     T = x.size(-2)
     dtype = torch.promote_types(x.dtype, torch.float32)  # rotate bf16 (autocast) q, k in fp32
     cos, sin = rope_cache[:T, :, 0].to(dtype), rope_cache[:T, :, 1].to(dtype)  # (T, hs/2)
@@ -102,40 +127,29 @@ class CausalSelfAttention(nn.Module):
             )
 
     def forward(self, x, packing=None, cache=None):
-        q, k, v = self.query(x), self.key(x), self.value(x)  # (B, T, C), or packed (N, C)
-        y = attend_in_groups(lambda *qkv: self.attend(*qkv, cache=cache), packing, q, k, v)
-        return self.resid_drop(self.proj(y))
-
-    def attend(self, q, k, v, cache=None):
-        """softmax(q k^T / sqrt(hs), causal) v per head, with attention dropout: (B, T, C)."""
-        q, k = _split_heads(q, self.n_head), _split_heads(k, self.n_head)  # (B, nh, T, hs)
-        if self.rope:
-            # absolute positions: new keys are rotated once, at their own positions, before
-            # joining the cached ones (padded groups of packed rows all start at position 0)
-            past = cache['k'].size(2) if cache and 'k' in cache else 0
-            q = apply_rotary_emb(q, self.rope_cache[past:])  # (B, nh, T, hs)
-            k = apply_rotary_emb(k, self.rope_cache[past:])  # (B, nh, T, hs)
-        k = _extend(cache, 'k', k)  # (B, nh, past+T, hs)
-        v = _extend(cache, 'v', _split_heads(v, self.n_head))  # (B, nh, past+T, hs)
-        return _merge_heads(self.causal_attention(q, k, v, past=k.size(2) - q.size(2)))
-
-    def causal_attention(self, q, k, v, past=0):
-        """softmax(q k^T / sqrt(hs)) v per head, with attention dropout: (B, nh, Tq, hs).
-        Query i stands at position past+i and sees keys 0..past+i: the block_size mask
-        cut to [past:past+Tq, :Tk]."""
-        Tq, Tk = q.size(2), k.size(2)
-        if self.training and q.device.type == 'cpu':
-            # written out: on CPU, scaled_dot_product_attention has no fused kernel with
-            # dropout, and this measures faster than its fallback; scaled and masked in
-            # place, as the scores are the biggest tensor of the step
-            att = (q @ k.transpose(-2, -1)).mul_(1.0 / math.sqrt(k.size(-1)))  # (B, nh, Tq, Tk)
-            att.masked_fill_(self.mask[:, :, past : past + Tq, :Tk] == 0, float('-inf'))
-            return self.attn_drop(F.softmax(att, dim=-1)) @ v  # (B, nh, Tq, hs)
-        dropout = self.attn_drop.p if self.training else 0.0
-        if past == 0 and Tq == Tk:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-        allowed = self.mask[:, :, past : past + Tq, :Tk].bool()  # (1, 1, Tq, Tk)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)
+        """Handout eq. 9-10 on x (B, T, C): per head i, softmax((x Q_i)(x K_i)^T / sqrt(d/h))
+        (x V_i) with a causal mask, the heads side by side, then the projection."""
+        queries, keys, values = self.query(x), self.key(x), self.value(x)  # (B, T, C), or (N, C)
+        ys = []
+        for q, k, v in padded_groups(packing, queries, keys, values):  # (B, T, C) each
+            q, k, v = (split_heads(z, self.n_head) for z in (q, k, v))  # (B, nh, T, hs)
+            past = 0 if cache is None else cache.past  # positions decoded before these
+            if self.rope:  # rotated at their absolute positions, before joining cached keys
+                q = apply_rotary_emb(q, self.rope_cache[past:])  # (B, nh, T, hs)
+                k = apply_rotary_emb(k, self.rope_cache[past:])  # (B, nh, T, hs)
+            if cache is not None:
+                k, v = cache.extend(k, v)  # (B, nh, past+T, hs)
+            Tq, Tk = q.size(2), k.size(2)
+            if self.training and x.device.type == 'cpu':
+                # scaled and masked in place: the scores are the step's biggest tensor
+                att = (q @ k.transpose(-2, -1)).mul_(1.0 / math.sqrt(k.size(-1)))  # (B, nh, Tq, Tk)
+                att.masked_fill_(self.mask[:, :, past : past + Tq, :Tk] == 0, float('-inf'))
+                y = self.attn_drop(F.softmax(att, dim=-1)) @ v  # (B, nh, Tq, hs)
+            else:  # the same in torch's fused kernel (on the CPU it has none with dropout)
+                dropout = self.attn_drop.p if self.training else 0.0
+                y = fused_attention(q, k, v, self.mask, past, dropout)  # (B, nh, Tq, hs)
+            ys.append(merge_heads(y))  # (B, T, C)
+        return self.resid_drop(self.proj(repacked(packing, ys)))  # (B, T, C), or (N, C)
 
 
 class SynthesizerAttention(nn.Module):
@@ -164,21 +178,23 @@ class SynthesizerAttention(nn.Module):
         nn.init.uniform_(self.w2, -0.001, 0.001)
 
     def forward(self, x, packing=None, cache=None):
-        hidden, v = F.relu(self.w1(x)), self.value(x)  # (B, T, C), or packed (N, C)
-        y = attend_in_groups(lambda *av: self.attend(*av, cache=cache), packing, hidden, v)
-        return self.resid_drop(self.proj(y))
-
-    def attend(self, hidden, v, cache=None):
-        """softmax(hidden_i B + b_2, causal) v_i per head i, with attention dropout: (B, T, C)."""
-        a = _split_heads(hidden, self.n_head)  # (B, nh, T, hs)
-        v = _extend(cache, 'v', _split_heads(v, self.n_head))  # (B, nh, past+T, hs)
-        T, past = a.size(2), v.size(2) - a.size(2)
-        assert past + T <= self.block_size - 1, 'the synthesizer has block_size-1 positions'
-        # each row's scores over positions 0..past+T-1 come from that row alone
-        scores = a @ self.w2[:, : past + T] + self.b2[: past + T]  # (B, nh, T, past+T)
-        scores.masked_fill_(self.mask[:, :, past : past + T, : past + T] == 0, float('-inf'))
-        att = self.attn_drop(F.softmax(scores, dim=-1))  # (B, nh, T, past+T)
-        return _merge_heads(att @ v)  # (B, T, C)
+        """Handout eq. 11 on x (B, T, C): per head i, softmax(ReLU(x A_i + b_1) B_i + b_2)
+        (x V_i) with a causal mask, the heads side by side, then the projection."""
+        hidden, values = F.relu(self.w1(x)), self.value(x)  # (B, T, C), or packed (N, C)
+        ys = []
+        for a, v in padded_groups(packing, hidden, values):  # (B, T, C) each
+            a, v = split_heads(a, self.n_head), split_heads(v, self.n_head)  # (B, nh, T, hs)
+            past = 0 if cache is None else cache.past  # positions decoded before these
+            if cache is not None:
+                _, v = cache.extend(None, v)  # (B, nh, past+T, hs)
+            T = a.size(2)
+            assert past + T <= self.block_size - 1, 'the synthesizer has block_size-1 positions'
+            # each row's scores over positions 0..past+T-1 come from that row alone
+            scores = a @ self.w2[:, : past + T] + self.b2[: past + T]  # (B, nh, T, past+T)
+            scores.masked_fill_(self.mask[:, :, past : past + T, : past + T] == 0, float('-inf'))
+            att = self.attn_drop(F.softmax(scores, dim=-1))  # (B, nh, T, past+T)
+            ys.append(merge_heads(att @ v))  # (B, T, C)
+        return self.resid_drop(self.proj(repacked(packing, ys)))  # (B, T, C), or (N, C)
 
 
 class CausalCrossAttention(CausalSelfAttention):
@@ -188,9 +204,15 @@ class CausalCrossAttention(CausalSelfAttention):
     the block_size one cut to [:Tq, :Tk]: query i sees x_kv's positions 0..i."""
 
     def forward(self, x_kv, x_q):
-        q = _split_heads(self.query(x_q), self.n_head)  # (B, nh, Tq, hs)
-        k = _split_heads(self.key(x_kv), self.n_head)  # (B, nh, Tk, hs)
-        v = _split_heads(self.value(x_kv), self.n_head)  # (B, nh, Tk, hs)
-        return self.resid_drop(
-            self.proj(_merge_heads(self.causal_attention(q, k, v)))
-        )  # (B, Tq, C)
+        q = split_heads(self.query(x_q), self.n_head)  # (B, nh, Tq, hs)
+        k = split_heads(self.key(x_kv), self.n_head)  # (B, nh, Tk, hs)
+        v = split_heads(self.value(x_kv), self.n_head)  # (B, nh, Tk, hs)
+        Tq, Tk = q.size(2), k.size(2)
+        if self.training and x_q.device.type == 'cpu':  # written out, as CausalSelfAttention
+            att = (q @ k.transpose(-2, -1)).mul_(1.0 / math.sqrt(k.size(-1)))  # (B, nh, Tq, Tk)
+            att.masked_fill_(self.mask[:, :, :Tq, :Tk] == 0, float('-inf'))
+            y = self.attn_drop(F.softmax(att, dim=-1)) @ v  # (B, nh, Tq, hs)
+        else:
+            dropout = self.attn_drop.p if self.training else 0.0
+            y = fused_attention(q, k, v, self.mask, 0, dropout)  # (B, nh, Tq, hs)
+        return self.resid_drop(self.proj(merge_heads(y)))  # (B, Tq, C)

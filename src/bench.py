@@ -8,7 +8,7 @@ span-corruption examples of wiki.txt, with the same model:
   plain  fp32, every row padded to 127 positions, explicit masked-softmax attention
          (vanilla; the other variants keep their own attention), torch's dropout
          (the original minGPT code path)
-  ours   the Trainer's step: GPT.packed_loss (only positions that can affect the loss),
+  ours   the Trainer's step: GPT.forward with packing (only positions that can affect the loss),
          dropout.Dropout, and the precision run.py picks (--precision auto)
 evaluate: time per birth_dev.tsv question, greedy-decoding 32 characters
   plain  one question at a time, re-running the whole prefix for every character
@@ -120,14 +120,13 @@ def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision
             precision='fp32' if plain else precision,
         )
         t = trainer.Trainer(gpt, corpus, None, config)
-        optimizer = t.make_optimizer()
 
-        def step(gpt=gpt, t=t, optimizer=optimizer, plain=plain):
+        def step(gpt=gpt, t=t, plain=plain):
             if plain:
                 loss = gpt(*t.to_device(x, y))[1]
             else:
                 loss = t.loss(x, y)  # the trainer's: packing on the CPU, then autocast
-            t.update(optimizer, loss)
+            t.update(loss)
 
         steps.append(step)
     results = dict(zip(('plain', 'ours'), time_steps(steps, steps_per_path, device)))

@@ -6,7 +6,6 @@ the processes agree on when to stop (any_process), and process 0 alone writes fi
 trainer.py uses this; run.py checks the launch, joins the process group and leaves it.
 """
 
-import gc
 import os
 
 import torch
@@ -42,11 +41,10 @@ def check_launch(function, device):
 
 
 def wrap(model, device, rank):
-    """The model's packed loss under DistributedDataParallel, which also copies process
-    0's parameters to every process; then each process gets its own dropout masks."""
-    # DDP reduces gradients only for what runs through a module's forward
+    """The model under DistributedDataParallel, which also copies process 0's parameters to
+    every process; then each process gets its own dropout masks."""
     ddp = nn.parallel.DistributedDataParallel(
-        PackedLoss(model),
+        model,
         broadcast_buffers=False,  # the buffers are constant masks
         device_ids=[torch.cuda.current_device()] if device == 'cuda' else None,
     )
@@ -67,27 +65,29 @@ def shard_rows(lengths, rank, world_size):
 
 def any_process(flag, device):
     """Whether flag is true in any process; every process must ask at the same step."""
+    if not dist.is_initialized():
+        return flag
     flag = torch.tensor([float(flag)], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
 
 
-def average(values, device, world_size):
-    """values averaged over the processes."""
+def average(values, device):
+    """values averaged over the processes (each one's loss is its share x world_size)."""
+    if not dist.is_initialized():
+        return values
     values = values.to(device)
     dist.all_reduce(values)
-    return values / world_size
+    return values / dist.get_world_size()
 
 
-class PackedLoss(nn.Module):
-    """model.packed_loss as a module's forward, for DistributedDataParallel to wrap."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, *args):
-        return self.model.packed_loss(*args)
+def gather(value):
+    """[value of each process], in rank order: [value] outside torchrun."""
+    if not dist.is_initialized():
+        return [value]
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
 
 
 def init_distributed(device):
@@ -98,10 +98,8 @@ def init_distributed(device):
 
 
 def leave():
-    """Leave the process group, if this process joined one. A trainer holds the group
-    through its DDP wrapper until the garbage collector frees it (the trainer and its
-    Stopper refer to each other); collected first, the group ends here and not during the
-    interpreter's shutdown, where gloo's worker threads can abort the process (SIGABRT)."""
+    """Leave the process group, if this process joined one: after the trainers that used it
+    are gone (their DDP wrappers hold it), and not during the interpreter's shutdown, where
+    gloo's worker threads can abort the process (SIGABRT)."""
     if dist.is_initialized():
-        gc.collect()
         dist.destroy_process_group()

@@ -1,6 +1,7 @@
 """A training run's per-step metrics: a CSV file beside the written params (one row per
 step: epoch, step, loss, lr, tokens, seconds; plot.py draws it) and TensorBoard's
-train/loss and train/lr, as the later editions log them. trainer.py writes them.
+train/loss and train/lr, as the later editions log them; and the progress bar. trainer.py
+writes them through a Progress.
 """
 
 import csv
@@ -8,6 +9,7 @@ import math
 import os
 
 import torch
+from tqdm import tqdm
 
 
 class NonFiniteLoss(Exception):
@@ -74,6 +76,42 @@ class MetricsLog:
             self.file.close()
         if self.tensorboard:
             self.tensorboard.close()
+
+
+class Progress:
+    """What a training run shows and logs as it goes: every step's loss and learning rate
+    (a MetricsLog) and a progress bar, whose epoch, loss, learning rate and tokens/s are
+    updated where the trainer logs. Process 0's; the others' are silent."""
+
+    def __init__(self, config, first_step, total_steps, main=True, average=None):
+        self.log = MetricsLog(
+            config.metrics_path if main else None,
+            append=config.resume,
+            tensorboard_dir=config.tensorboard_dir if main else None,
+            first_step=first_step,
+            average=average or (lambda losses: losses),
+        )
+        self.bar = tqdm(
+            total=total_steps,
+            initial=first_step,
+            unit='step',
+            dynamic_ncols=True,
+            smoothing=0.05,
+            disable=total_steps == 0 or not main,
+        )
+
+    def show(self, epoch, it, done, lr, seconds, tokens_per_s):
+        """Step `it` of `epoch` done, the run's `done`-th; the log written up to it."""
+        last_loss = self.log.flush(seconds)
+        self.bar.set_description(
+            f"epoch {epoch + 1} iter {it}: train loss {last_loss:.5f}. lr {lr:e}"
+        )
+        self.bar.set_postfix_str(f"{tokens_per_s:,.0f} tok/s")
+        self.bar.update(done - self.bar.n)
+
+    def close(self):
+        self.bar.close()
+        self.log.close()
 
 
 def tensorboard_dir(args):

@@ -5,9 +5,10 @@ The later editions' variants: rope (2024/25) drops the position embedding, as th
 attention rotates queries and keys instead (attention.py); the perceiver (2023) is a GPT
 with other blocks (perceiver.py).
 
-forward() is the plain model: logits for every position, and the loss if targets are
-given. packed_loss() is the same loss computed on only the positions that can affect it;
-the trainer uses it.
+forward() is what training and evaluation both call: logits for every position, and the
+loss if targets are given. Two optional arguments make it faster without changing what it
+computes: the trainer's packing (only the positions that can affect the loss, packing.py)
+and the decoder's cache (keys and values of earlier positions, decoding.py).
 """
 
 import torch
@@ -16,7 +17,6 @@ from torch.nn import functional as F
 
 import attention
 from dropout import Dropout
-from packing import Packing, target_lengths
 
 
 class GPTConfig:
@@ -79,10 +79,11 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.block_size = config.block_size
+        self.rope = config.rope
         self.apply(self._init_weights)
 
     def build_blocks(self, config):
-        """The Transformer blocks between the embeddings and the head."""
+        """The Transformer blocks between the embeddings and the head (perceiver.py has its own)."""
         self.blocks = nn.Sequential(*[Block(config) for _ in range(config.n_layer)])
 
     def _init_weights(self, module):
@@ -98,31 +99,32 @@ class GPT(nn.Module):
         return self.block_size
 
     def new_cache(self):
-        """An empty cache for forward(): one dict per block, for its keys and values."""
-        return [{} for _ in self.blocks]
+        """An empty decoding cache for forward(): each attention layer's keys and values."""
+        return [attention.KVCache() for _ in self.blocks]
 
-    def embed(self, idx, past=0):
-        """(B, T) ids at positions past.. -> (B, T, C) token + position embeddings."""
-        x = self.tok_emb(idx)  # (B, T, C)
-        if hasattr(self, 'pos_emb'):  # rope has none: attention rotates q and k instead
-            x = x + self.pos_emb[:, past : past + idx.size(1), :]
-        return x
+    def forward(self, idx, targets=None, packing=None, cache=None):
+        """idx, targets: (B, T) token ids. Returns (logits (B, T, vocab), loss or None): the
+        mean cross-entropy over the targets that are not PAD (id 0).
 
-    def run_blocks(self, x, packing=None, cache=None):
-        """The blocks on (B, T, C) embeddings, or on packed (N, C) rows with packing."""
-        for i, block in enumerate(self.blocks):
-            x = block(x, packing, None if cache is None else cache[i])
-        return x
-
-    def forward(self, idx, targets=None, cache=None):
-        """idx, targets: (B, T) token ids. Returns (logits (B, T, vocab), loss or None).
-        With cache (from new_cache()), idx continues the sequence cached so far."""
+        packing (packing.Packing of the targets, as the trainer makes it): compute only the
+        positions that can change the loss, as (N, C) rows; logits are then (N, vocab).
+        cache (new_cache()): idx continues the sequence cached so far (greedy decoding)."""
         b, t = idx.size()
-        past = cache[0]['v'].size(2) if cache and 'v' in cache[0] else 0
+        past = cache[0].past if cache else 0
         assert past + t <= self.block_size, "Cannot forward, model block size is exhausted."
-        x = self.drop(self.embed(idx, past))  # (B, T, C)
-        x = self.run_blocks(x, cache=cache)  # (B, T, C)
-        logits = self.head(self.ln_f(x))  # (B, T, vocab)
+        if packing is not None:
+            idx = idx[:, : packing.T]  # the batch cut after its longest row
+        x = self.tok_emb(idx)  # (B, T, C)
+        if not self.rope:  # rope has no position embedding: attention rotates q and k instead
+            x = x + self.pos_emb[:, past : past + idx.size(1), :]  # (B, T, C)
+        if packing is not None:
+            # embedded whole and then selected: gathering pos_emb per position would make its
+            # gradient an accumulating scatter, whose order (and sum) varies between runs
+            x = packing.select(x)  # (N, C)
+            targets = None if targets is None else packing.select(targets)  # (N,)
+        x = self.drop(x)
+        x = self.run_blocks(x, packing, cache)  # (B, T, C), or (N, C)
+        logits = self.head(self.ln_f(x))  # (B, T, vocab), or (N, vocab)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(
@@ -130,23 +132,8 @@ class GPT(nn.Module):
             )
         return logits, loss
 
-    def packed_loss(self, idx, targets, packing=None, n_targets=None):
-        """forward(idx, targets)[1], computed only where it can make a difference: the
-        positions after a row's last non-PAD target influence no counted target (attention
-        is causal and PAD targets are ignored), so each row is cut there (see packing.py).
-        packing: Packing(target_lengths(targets)), best made on the CPU (the trainer makes
-        it before the batch moves to the GPU). n_targets: divide the summed loss by this
-        instead of averaging (a process holding part of a batch, see Trainer.loss)."""
-        if packing is None:
-            packing = Packing(target_lengths(targets), device=idx.device)
-        # embed the whole (trimmed) batch: gathering pos_emb per position would make its
-        # gradient an accumulating scatter, whose order (and sum) varies between runs
-        x = self.drop(packing.select(self.embed(idx[:, : packing.T])))  # (N, C)
-        x = self.run_blocks(x, packing)  # (N, C)
-        logits = self.head(self.ln_f(x))  # (N, vocab)
-        if n_targets is None:
-            return F.cross_entropy(logits, packing.select(targets), ignore_index=0)
-        return (
-            F.cross_entropy(logits, packing.select(targets), ignore_index=0, reduction='sum')
-            / n_targets
-        )
+    def run_blocks(self, x, packing=None, cache=None):
+        """The Transformer blocks on (B, T, C) embeddings, or on (N, C) packed rows."""
+        for i, block in enumerate(self.blocks):
+            x = block(x, packing, None if cache is None else cache[i])
+        return x

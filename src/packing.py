@@ -2,12 +2,11 @@
 
 A pretraining batch is (B, T) rows padded with PAD, and PAD targets count for nothing;
 attention is causal, so the positions after a row's last target cannot change any
-counted target. Packing keeps each row up to its last target: model.py's packed_loss runs
-the position-wise layers on the kept positions alone, as (N, C) rows, and attention.py
-runs attention (the one layer that needs whole rows) on groups of rows of similar
-length, each padded to its own longest row, through attend_in_groups. The trainer
-builds a Packing for every batch. The results equal those of the padded batch; only the
-time differs.
+counted target. Packing keeps each row up to its last target: GPT.forward (model.py), given
+a Packing, runs the position-wise layers on the kept positions alone, as (N, C) rows, and
+attention.py runs attention (the one layer that needs whole rows) on groups of rows of
+similar length, each padded to its own longest row (padded_groups). The trainer builds a
+Packing for every batch. The results equal those of the padded batch; only the time differs.
 """
 
 import torch
@@ -18,10 +17,9 @@ from devices import to_device
 class Packing:
     """The positions of a padded (B, T) batch that can affect the loss: for each row, the
     positions up to its last target. Attention is causal and PAD targets count for
-    nothing, so the positions after that are dead work. The position-wise layers (about
-    90% of the FLOPs) run on the kept positions only, as (N, C) rows: about half of the
-    batch in pretraining. Attention needs padded rows, so it runs on groups of rows of
-    similar length, each padded only to its own longest row.
+    nothing, so the positions after that are dead work. The position-wise layers run on
+    the kept positions only, as (N, C) rows. Attention needs padded rows, so it runs on
+    groups of rows of similar length, each padded only to its own longest row.
 
     The index arithmetic runs on the CPU, where reading sizes back costs no GPU
     synchronisation; only the two index tensors are copied to `device`. The sizes are
@@ -74,9 +72,14 @@ def target_lengths(targets):
     return (positions * (targets != 0)).amax(dim=1)  # (B,)
 
 
-def attend_in_groups(attend, packing, *inputs):
-    """attend(*inputs) on padded (B, T, C) inputs; on packed (N, C) ones, group by group."""
+def padded_groups(packing, *tensors):
+    """The groups attention runs on: without packing, the (B, T, C) tensors as they are;
+    packed (N, C) tensors, as padded (b, width, C) rows, group by group."""
     if packing is None:
-        return attend(*inputs)
-    groups = zip(*(packing.unpack(x) for x in inputs))
-    return packing.repack([attend(*group) for group in groups])
+        return [tensors]
+    return list(zip(*(packing.unpack(x) for x in tensors)))
+
+
+def repacked(packing, outputs):
+    """The inverse of padded_groups: one (B, T, C) output as it is, or the groups' packed."""
+    return outputs[0] if packing is None else packing.repack(outputs)

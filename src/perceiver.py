@@ -89,8 +89,11 @@ class PerceiverGPT(GPT):
         inputs 0..j only, but a dev set decodes in seconds as it is.)"""
         return {}
 
-    def forward(self, idx, targets=None, cache=None):
+    def forward(self, idx, targets=None, packing=None, cache=None):
+        """GPT.forward with the perceiver's blocks. With a cache (new_cache()), idx continues
+        the ids cached so far, and the whole sequence is computed again."""
         if cache is None:
-            return super().forward(idx, targets)
+            return super().forward(idx, targets, packing)
         cache['idx'] = torch.cat((cache['idx'], idx), dim=1) if 'idx' in cache else idx
-        return super().forward(cache['idx'])[0][:, -idx.size(1) :], None  # (B, T, vocab)
+        logits, _ = super().forward(cache['idx'])  # (B, past+T, vocab)
+        return logits[:, -idx.size(1) :], None  # (B, T, vocab)

@@ -2,26 +2,22 @@
 VM's SIGTERM, a session that ends) continue exactly where it stopped, to the same result
 as a run that was never interrupted.
 
-The state holds the model and the optimizer (with fp16's loss scale), where the run
-stopped, the schedule's token count, and every random state: Python's and numpy's (the
-span corruption) and each process's torch state (its dropout masks). It holds tensors and
-plain Python values only, so that it loads with weights_only=True and cannot run code.
-Before anything is restored, load_state checks that the state is this run's: anything
-else is one UserError line, before any step. The trainer's Stopper decides when the state
-is saved: at an epoch's end once save_every_s has passed, and when Ctrl-C or SIGTERM asks
-the run to stop.
+The trainer makes the state (Trainer.state_dict) and restores it (load_state_dict); this
+module reads its file, and catches the signals. load() checks, before anything is
+restored, that the state is this run's: anything else is one UserError line, before any
+step. The state holds tensors and plain values only (PARTS), so that it loads with
+weights_only=True and cannot run code. The Stopper turns Ctrl-C and SIGTERM into a stop
+after the current step, whose state the trainer saves.
 """
 
 import math
 import os
-import random
 import signal
 import threading
 import time
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 import files
 import params_files
@@ -71,18 +67,17 @@ class TrainingInterrupted(Exception):
 
 
 class Stopper:
-    """When a run (a Trainer) with a resume_path saves its state: at an epoch's end once
-    save_every_s has passed since the last save, and after the step during which Ctrl-C
-    or SIGTERM (a preempted VM) arrived, before it stops with TrainingInterrupted. A second
-    Ctrl-C stops at once, except under torchrun, which passes the terminal's Ctrl-C on to
-    its processes a second time (and kills them itself if they linger). Used as a context
-    manager: the signal handlers are installed for the duration of the training loop."""
+    """Ctrl-C or SIGTERM (a preempted VM) during training asks the run to stop: asked() then
+    says so, and the trainer saves its state after the step and stops. A second Ctrl-C
+    stops at once, except under torchrun, which passes the terminal's Ctrl-C on to its
+    processes a second time (and kills them itself if they linger). Used as a context
+    manager around the training loop, where the signal handlers are installed, for a run
+    that keeps a state (resume_path)."""
 
-    def __init__(self, run, optimizer):
-        self.run, self.optimizer = run, optimizer
-        self.enabled = run.config.resume_path is not None
+    def __init__(self, resume_path, distributed=False):
+        self.enabled = resume_path is not None
+        self.distributed = distributed
         self.signal = None  # the stop signal received, if any
-        self.last_save = time.time()
         self.handlers = {}
 
     def __enter__(self):
@@ -96,89 +91,32 @@ class Stopper:
             signal.signal(signum, handler)
 
     def ask_to_stop(self, signum, frame):
-        if self.signal is not None and self.run.ddp is None:
+        if self.signal is not None and not self.distributed:
             raise KeyboardInterrupt
         self.signal = signum
 
-    def after_step(self, epoch, step, logged):
-        """Save and stop if a signal asked to; processes agree where they log."""
-        run = self.run
-        if (logged or run.ddp is None) and run.any_process(self.signal is not None):
-            run.elapsed = time.time() - run.start_time
-            run.log.flush(run.elapsed)
-            save_state(run, epoch, step, self.optimizer)
-            raise TrainingInterrupted(
-                f"interrupted at epoch {epoch + 1}, step {step}; "
-                f"state saved to {run.config.resume_path}"
-            )
-
-    def after_epoch(self, epoch):
-        """Refresh the saved state if save_every_s has passed since the last save."""
-        overdue = time.time() - self.last_save >= self.run.config.save_every_s
-        if self.enabled and self.run.any_process(overdue):
-            save_state(self.run, epoch + 1, 0, self.optimizer)
-            self.last_save = time.time()
-
-    def kept(self):
-        """What a run that stops on an error leaves to continue from."""
-        path = self.run.config.resume_path
-        if path and os.path.exists(path):
-            return f"the last good state is kept in {path}"
-        return "no earlier state had been saved yet"
+    def asked(self):
+        return self.signal is not None
 
 
-def save_state(run, epoch, step, optimizer):
-    """Write the state of `run` (a Trainer) and its optimizer to run.config.resume_path,
-    to continue at `step` of `epoch`. Under torchrun every process calls it, for its random
-    state, and process 0 writes it."""
-    config = run.config
-    rng = {
-        'torch': torch.get_rng_state(),
-        'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-    if run.device == 'mps':
-        rng['mps'] = torch.mps.get_rng_state()
-    process_rngs = [rng]
-    if run.ddp is not None:
-        process_rngs = [None] * run.world_size
-        dist.all_gather_object(process_rngs, rng)
-    if run.rank > 0:
-        return
-    state = {
-        'model': params_files.cpu_state_dict(run.model),
-        'optimizer': optimizer.state_dict(),
-        'scaler': run.scaler.state_dict(),  # fp16's loss scale; empty otherwise
-        'epoch': epoch,
-        'step': step,
-        'tokens': run.tokens,
-        'elapsed': run.elapsed,
-        'config': {k: getattr(config, k) for k in SETTINGS},
-        'dataset_len': len(run.train_dataset),
-        'python_rng': random.getstate(),
-        'numpy_rng': numpy_rng_state(),
-        'processes': run.world_size,
-        'process_rngs': process_rngs,  # each process's torch random state: its dropout stream
-    }
-    files.atomic_save(state, config.resume_path)
+def kept(path):
+    """What a run that stops on an error leaves to continue from."""
+    if path and os.path.exists(path):
+        return f"the last good state is kept in {path}"
+    return "no earlier state had been saved yet"
 
 
-def load_state(run, optimizer):
-    """Restore into `run` (a Trainer) and `optimizer` what save_state saved, after checking
-    that it is this run's state. Returns the (epoch, step) to continue from."""
-    where = f"--resume: {run.config.resume_path}"
-    state = read_state(run.config.resume_path, where)
-    check_state_fits(state, run, where)
+def load(path, trainer):
+    """Restore into `trainer` the state in `path`, after checking that it is this run's."""
+    where = f"--resume: {path}"
+    state = read_state(path, where)
+    check_state_fits(state, trainer.state_dict(), where)
     try:
-        restore(state, run, optimizer)
+        trainer.load_state_dict(state)
     except DAMAGE as e:
         detail = str(e).strip().split('\n')[0] or type(e).__name__
         raise files.UserError(f"{where}: damaged ({detail})")
-    run.model.load_state_dict(state['model'])
-    run.tokens, run.elapsed = state['tokens'], state['elapsed']
-    print(
-        f"resuming from {run.config.resume_path}: epoch {state['epoch'] + 1}, step {state['step']}"
-    )
-    return state['epoch'], state['step']
+    print(f"resuming from {path}: epoch {state['epoch'] + 1}, step {state['step']}")
 
 
 # What restoring a damaged state raises (torch's and Python's own checks).
@@ -201,23 +139,22 @@ def read_state(path, where):
     return state
 
 
-def check_state_fits(state, run, where):
-    """The state was saved by a run with this run's settings, stopped where this run can
-    continue, with a model of this run's shapes."""
-    config = run.config
+def check_state_fits(state, current, where):
+    """The state was saved by a run with the settings of this run (whose own state is
+    `current`), stopped where this run can continue, with a model of this run's shapes."""
     saved = {
         'finetune_method': 'full',  # states saved before there were other methods
         **state['config'],
         'examples': state['dataset_len'],
         'processes': state['processes'],
     }
-    current = {
-        **{k: getattr(config, k) for k in SETTINGS},
-        'examples': len(run.train_dataset),
-        'processes': run.world_size,
+    settings = {
+        **current['config'],
+        'examples': current['dataset_len'],
+        'processes': current['processes'],
     }
     differ = [
-        f"{k} {saved.get(k)} (this run: {v})" for k, v in current.items() if saved.get(k) != v
+        f"{k} {saved.get(k)} (this run: {v})" for k, v in settings.items() if saved.get(k) != v
     ]
     if differ:
         raise files.UserError(
@@ -225,36 +162,34 @@ def check_state_fits(state, run, where):
             f"To continue that run, give it those settings again; to start afresh, "
             f"leave out --resume (or delete the file)"
         )
-    steps_per_epoch = math.ceil(len(run.train_dataset) / config.batch_size)
-    if not (0 <= state['epoch'] <= config.max_epochs and 0 <= state['step'] <= steps_per_epoch):
+    config = current['config']
+    steps_per_epoch = math.ceil(current['dataset_len'] / config['batch_size'])
+    if not (0 <= state['epoch'] <= config['max_epochs'] and 0 <= state['step'] <= steps_per_epoch):
         raise files.UserError(
             f"{where}: damaged (epoch {state['epoch']}, step {state['step']} "
             f"do not exist in this run)"
         )
-    shapes = {name: tensor.shape for name, tensor in run.model.state_dict().items()}
+    shapes = {name: tensor.shape for name, tensor in current['model'].items()}
     params_files.check_state_dict(state['model'], shapes, where, "this run's model")
 
 
-def restore(state, run, optimizer):
-    """The optimizer, the loss scale and every random state, as they were saved."""
-    optimizer.load_state_dict(state['optimizer'])
-    for group in optimizer.param_groups:
-        for p in group['params']:
-            for name, value in optimizer.state[p].items():
-                if torch.is_tensor(value) and value.dim() and value.shape != p.shape:
-                    raise ValueError(
-                        f"optimizer {name} of shape {tuple(value.shape)} for a "
-                        f"parameter of shape {tuple(p.shape)}"
-                    )
-    if state['scaler']:
-        run.scaler.load_state_dict(state['scaler'])
-    random.setstate(state['python_rng'])
-    np.random.set_state(state['numpy_rng'])
-    rng = state['process_rngs'][run.rank]  # this process's dropout stream
+def torch_rng_state(device):
+    """This process's torch random states (its dropout masks): the CPU's, every visible
+    GPU's, and Apple's GPU's when it trains there."""
+    rng = {
+        'torch': torch.get_rng_state(),
+        'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+    if device == 'mps':
+        rng['mps'] = torch.mps.get_rng_state()
+    return rng
+
+
+def set_torch_rng_state(rng, device):
     torch.set_rng_state(rng['torch'])
     if rng['cuda'] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng['cuda'])
-    if 'mps' in rng and run.device == 'mps':
+    if 'mps' in rng and device == 'mps':
         torch.mps.set_rng_state(rng['mps'])
 
 

@@ -1,21 +1,21 @@
-"""The training loop: AdamW, gradient clipping, and the original's token-counted learning
-rate schedule (linear warm-up, then cosine decay to 10%).
+"""The training loop (minGPT's Trainer): AdamW, gradient clipping, and the original's
+token-counted learning-rate schedule (linear warm-up, then cosine decay to 10%).
 
-It computes what the original minGPT trainer computes (same batches, in the same order,
-same schedule), faster: batches are built in this process (span corruption is cheap, and
-it keeps runs reproducible and resumable) and the loss skips positions that cannot
-affect it (GPT.packed_loss, packing.py). The machinery around the loop lives beside it:
-resume.py keeps a resumable state and stops on Ctrl-C or SIGTERM (a finished run leaves
-its state in place: the caller removes it once the params are written), metrics.py logs
-every step, and distributed.py shares each batch between processes under torchrun.
+It trains on what the original trains on (the same batches in the same order, the same
+schedule), through GPT.forward. The machinery beside it: packing.py (the loss computed on
+only the positions that can change it), resume.py (the resumable state's file, and Ctrl-C
+or SIGTERM), metrics.py (every step's loss and learning rate), distributed.py (torchrun)
+and devices.py (where, and in what precision).
 """
 
+import functools
 import math
+import random
 import time
 
 import numpy as np
 import torch
-from tqdm import tqdm
+from torch.nn import functional as F
 
 import devices
 import distributed
@@ -61,27 +61,45 @@ class TrainerConfig:
 
 class Trainer:
     def __init__(self, model, train_dataset, test_dataset, config):
-        self.model = model
         self.train_dataset = train_dataset
         self.test_dataset = test_dataset
         self.config = config
         self.device = devices.pick_device(config.device)
-        self.model = self.model.to(self.device)
+        self.model = model.to(self.device)
         self.rank, self.world_size = distributed.rank_and_size()
-        self.ddp = None
-        if self.world_size > 1:
-            self.ddp = distributed.wrap(self.model, self.device, self.rank)
+        # under torchrun: the model in DistributedDataParallel, which averages the gradients
+        self.ddp = distributed.wrap(model, self.device, self.rank) if self.world_size > 1 else None
+        self.optimizer = self.make_optimizer()
         # fp16's narrow range needs the loss scaled up so that small gradients do not
         # underflow; disabled, the scaler passes everything through unchanged
         self.scaler = torch.amp.GradScaler(self.device, enabled=config.precision == 'fp16')
-        self.tokens = 0  # counter used for learning rate decay
+        self.stopper = resume.Stopper(config.resume_path, self.ddp is not None)  # Ctrl-C, SIGTERM
+        self.steps_per_epoch = math.ceil(len(train_dataset) / config.batch_size)
+        self.tokens = 0  # target positions trained on: the learning-rate schedule's clock
+        self.epoch, self.step = 0, 0  # where training goes on: batch `step` of `epoch`
+        self.elapsed = 0.0  # seconds of training, an interrupted run's included
+        self.resumed_elapsed = 0.0  # the interrupted run's share of elapsed
+        self.start_time = time.time()  # when training started, less the elapsed time
+        self.first_step = 0  # the steps made before this run (an interrupted one's)
+        self.steps_run = 0  # steps this run made
+        self.final_loss = float('nan')  # the last logged loss
 
-    def save_checkpoint(self, epoch):
+    def make_optimizer(self):
         config = self.config
-        if config.ckpt_path is None or self.rank > 0 or (epoch + 1) % config.save_every:
-            return
-        path = config.ckpt_path.format(epoch=epoch + 1)
-        files.atomic_save(params_files.written_params(self.model), path)
+        # only the weights that train: all, unless a finetune_methods method froze most
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        # The original also lists "LayerNorm.weight", which no name here contains
+        # (they are ln1/ln2/ln_f), so LayerNorm weights do decay, as they did there.
+        groups = [
+            {
+                "params": [p for n, p in named if 'bias' not in n],
+                "weight_decay": config.weight_decay,
+            },
+            {"params": [p for n, p in named if 'bias' in n], "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(
+            groups, lr=config.learning_rate, betas=config.betas, fused=self.device == 'cuda'
+        )
 
     def lr_at(self, tokens):
         config = self.config
@@ -98,21 +116,77 @@ class Trainer:
             lr_mult = max(0.1, 0.5 * (1.0 + math.cos(math.pi * progress)))
         return config.learning_rate * lr_mult
 
-    def make_optimizer(self):
+    def train(self):
+        """config.max_epochs epochs of training; with config.resume, what is left of them."""
         config = self.config
-        # only the weights that train: all, unless a finetune_methods method froze most
-        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        # The original also lists "LayerNorm.weight", which no name here contains
-        # (they are ln1/ln2/ln_f), so LayerNorm weights do decay, as they did there.
-        decay = [p for n, p in named if 'bias' not in n]
-        no_decay = [p for n, p in named if 'bias' in n]
-        groups = [
-            {"params": decay, "weight_decay": config.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
-        return torch.optim.AdamW(
-            groups, lr=config.learning_rate, betas=config.betas, fused=self.device == 'cuda'
-        )
+        if config.resume:
+            resume.load(config.resume_path, self)
+            self.resumed_elapsed = self.elapsed
+        self.first_step = self.epoch * self.steps_per_epoch + self.step
+        self.start_time, last_save = time.time() - self.elapsed, time.time()
+        total_steps = config.max_epochs * self.steps_per_epoch
+        average = functools.partial(distributed.average, device=self.device)  # over processes
+        progress = metrics.Progress(config, self.first_step, total_steps, self.rank == 0, average)
+        try:
+            with self.stopper:
+                for epoch in range(self.epoch, config.max_epochs):
+                    self.run_epoch(epoch, progress)
+                    if self.test_dataset is not None:
+                        self.test_loss()
+                    progress.log.flush(self.clock())
+                    self.save_checkpoint(epoch)
+                    overdue = time.time() - last_save >= config.save_every_s
+                    if config.resume_path and distributed.any_process(overdue, self.device):
+                        self.save_state()
+                        last_save = time.time()
+        except metrics.NonFiniteLoss as e:
+            hint = "--precision fp32 or " if config.precision == 'fp16' else ""
+            raise metrics.NonFiniteLoss(
+                f"{e}; stopped, {resume.kept(config.resume_path)}; {hint}a lower learning "
+                f"rate may help"
+            ) from None
+        finally:
+            progress.close()
+        self.clock()
+        self.steps_run = self.epoch * self.steps_per_epoch + self.step - self.first_step
+        self.final_loss = progress.log.last_loss
+
+    def run_epoch(self, epoch, progress):
+        """The rest of the epoch: from batch self.step to its end."""
+        self.model.train()
+        for step in range(self.step, self.steps_per_epoch):
+            x, y = self.batch(self.train_dataset, step)
+            loss = self.loss(x, y)
+            self.update(loss)
+            # as in the original: the schedule moves after the step, counting every target
+            # position (PADs too), and the new rate applies from the next step
+            self.tokens += y.numel()
+            lr = self.lr_at(self.tokens)
+            for param_group in self.optimizer.param_groups:
+                param_group['lr'] = lr
+            self.epoch, self.step = epoch, step + 1
+            done = epoch * self.steps_per_epoch + step + 1
+            progress.log.add(epoch, done, loss.detach(), lr, self.tokens)
+            logged = done % self.config.log_every == 0 or step == self.steps_per_epoch - 1
+            if logged:
+                seconds = self.clock()
+                speed = self.tokens_per_s(done - self.first_step, y.size(1))
+                progress.show(epoch, step, done, lr, seconds, speed)
+            # processes agree on a stop where they log (a collective operation)
+            stop = self.stopper.asked()
+            if (logged or self.ddp is None) and distributed.any_process(stop, self.device):
+                progress.log.flush(self.clock())
+                self.save_state()
+                raise resume.TrainingInterrupted(
+                    f"interrupted at epoch {epoch + 1}, step {step + 1}; "
+                    f"state saved to {self.config.resume_path}"
+                )
+        self.epoch, self.step = epoch + 1, 0
+
+    def clock(self):
+        """Seconds of training so far (an interrupted run's included), kept in elapsed."""
+        self.elapsed = time.time() - self.start_time
+        return self.elapsed
 
     def batch(self, dataset, step):
         """Batch number `step` of an epoch, on the CPU: the original loader's order (no
@@ -123,147 +197,43 @@ class Trainer:
         y = torch.stack([y for _, y in examples])  # (b, T)
         return x, y
 
-    def to_device(self, *tensors):
-        return [devices.to_device(t, self.device) for t in tensors]
-
     def loss(self, x, y):
-        """The loss of the CPU batch x, y: the mean over its non-PAD targets, as
-        forward() computes it. The packing is worked out on the CPU, before the batch
-        moves, so that it costs the GPU no synchronisation; DDP is given the packing, not
-        the lengths, which it would copy to the GPU. Under torchrun, this process sums
-        its rows' losses and divides by the whole batch's count of targets, times
-        world_size since DDP averages the processes' gradients."""
+        """GPT.forward's loss of the CPU batch x, y, on the positions that can change it
+        (packing.py, worked out before the batch moves: no GPU synchronisation). Under
+        torchrun, this process's rows' summed loss over the whole batch's count of targets,
+        times world_size as DDP averages the processes' gradients."""
         lengths = target_lengths(y)  # (b,)
         if self.ddp is None:
             packing = Packing(lengths, device=self.device)
             x, y = self.to_device(x, y)
             with self.autocast():
-                return self.model.packed_loss(x, y, packing)
+                return self.model(x, y, packing=packing)[1]
         rows, share = distributed.shard_rows(lengths, self.rank, self.world_size)
         n_targets = int((y != 0).sum()) / self.world_size
         packing = Packing(lengths[rows], device=self.device)
         x, y = self.to_device(x[rows], y[rows])
         with self.autocast():
-            return self.ddp(x, y, packing, n_targets) * share
+            logits, _ = self.ddp(x, packing=packing)  # (N, vocab)
+            summed = F.cross_entropy(logits, packing.select(y), ignore_index=0, reduction='sum')
+            return summed / n_targets * share
 
-    def autocast(self):
-        dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(self.config.precision)
-        return torch.autocast(self.device, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
-
-    def train(self):
-        """config.max_epochs epochs of training; with config.resume, from the saved state."""
-        config = self.config
-        optimizer = self.make_optimizer()
-        self.steps_per_epoch = math.ceil(len(self.train_dataset) / config.batch_size)
-        first_epoch, first_step = self.start(optimizer)
-        self.done = self.first_done = first_epoch * self.steps_per_epoch + first_step
-        self.log, self.progress = self.open_logs()
-        self.start_time = time.time() - self.elapsed
-        self.stopper = resume.Stopper(self, optimizer)
-        try:
-            with self.stopper:
-                for epoch in range(first_epoch, config.max_epochs):
-                    self.run_epoch(optimizer, epoch, first_step if epoch == first_epoch else 0)
-                    self.end_epoch(epoch)
-        except metrics.NonFiniteLoss as e:
-            hint = "--precision fp32 or " if config.precision == 'fp16' else ""
-            raise metrics.NonFiniteLoss(
-                f"{e}; stopped, {self.stopper.kept()}; {hint}a lower learning rate may help"
-            ) from None
-        finally:
-            self.progress.close()
-            self.log.close()
-        self.elapsed = time.time() - self.start_time
-        self.steps_run = self.done - self.first_done
-        self.final_loss = self.log.last_loss
-
-    def start(self, optimizer):
-        """(epoch, step) to start from: (0, 0), or where the resumed run stopped."""
-        self.tokens, self.elapsed, self.resumed_elapsed = 0, 0.0, 0.0
-        if not self.config.resume:
-            return 0, 0
-        epoch, step = resume.load_state(self, optimizer)
-        self.resumed_elapsed = self.elapsed
-        return epoch, step
-
-    def open_logs(self):
-        """The metrics log and the progress bar (process 0's; the others' are silent)."""
-        config, main = self.config, self.rank == 0
-        log = metrics.MetricsLog(
-            config.metrics_path if main else None,
-            append=config.resume,
-            tensorboard_dir=config.tensorboard_dir if main else None,
-            first_step=self.done,
-            average=self.average,
-        )
-        total_steps = config.max_epochs * self.steps_per_epoch
-        progress = tqdm(
-            total=total_steps,
-            initial=self.done,
-            unit='step',
-            dynamic_ncols=True,
-            smoothing=0.05,
-            disable=total_steps == 0 or not main,
-        )
-        return log, progress
-
-    def run_epoch(self, optimizer, epoch, first_step):
-        self.model.train()
-        for it in range(first_step, self.steps_per_epoch):
-            x, y = self.batch(self.train_dataset, it)
-            loss = self.loss(x, y)
-            self.update(optimizer, loss)
-            # As in the original: the schedule moves after the step, counting every
-            # target position (PADs too), and the new rate applies from the next step.
-            self.tokens += y.numel()
-            lr = self.lr_at(self.tokens)
-            for param_group in optimizer.param_groups:
-                param_group['lr'] = lr
-            self.done += 1
-            self.log.add(epoch, self.done, loss.detach(), lr, self.tokens)
-            logged = self.done % self.config.log_every == 0 or it == self.steps_per_epoch - 1
-            if logged:
-                self.show_progress(epoch, it, lr, y.size(1))
-            self.stopper.after_step(epoch, it + 1, logged)
-
-    def show_progress(self, epoch, it, lr, T):
-        self.elapsed = time.time() - self.start_time
-        last_loss = self.log.flush(self.elapsed)
-        self.progress.set_description(
-            f"epoch {epoch + 1} iter {it}: train loss {last_loss:.5f}. lr {lr:e}"
-        )
-        tokens_per_s = self.tokens_per_s(self.done - self.first_done, T)
-        self.progress.set_postfix_str(f"{tokens_per_s:,.0f} tok/s")
-        self.progress.update(self.done - self.progress.n)
-
-    def end_epoch(self, epoch):
-        if self.test_dataset is not None:
-            self.test_loss()
-        self.elapsed = time.time() - self.start_time
-        self.log.flush(self.elapsed)
-        self.save_checkpoint(epoch)
-        self.stopper.after_epoch(epoch)
-
-    def any_process(self, flag):
-        """Whether flag is true in any process; every process must ask at the same step."""
-        return flag if self.ddp is None else distributed.any_process(flag, self.device)
-
-    def average(self, values):
-        """values averaged over the processes (each one's loss is its share x world_size)."""
-        if self.ddp is None:
-            return values
-        return distributed.average(values, self.device, self.world_size)
-
-    def update(self, optimizer, loss):
+    def update(self, loss):
         """One optimizer step on the gradient of loss, clipped to grad_norm_clip. With fp16,
         the gradients are unscaled before clipping, and a step whose gradients overflowed
         is skipped (the scaler then lowers its scale)."""
         self.model.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
-        self.scaler.unscale_(optimizer)
+        self.scaler.unscale_(self.optimizer)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_norm_clip)
-        self.scaler.step(optimizer)
+        self.scaler.step(self.optimizer)
         self.scaler.update()
+
+    def to_device(self, *tensors):
+        return [devices.to_device(t, self.device) for t in tensors]
+
+    def autocast(self):
+        dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(self.config.precision)
+        return torch.autocast(self.device, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
     def tokens_per_s(self, steps, T):
         """Target positions per second, counted like the schedule (batch x T per step)."""
@@ -274,9 +244,64 @@ class Trainer:
     def test_loss(self):
         self.model.eval()
         losses = []
-        for it in range(math.ceil(len(self.test_dataset) / self.config.batch_size)):
-            x, y = self.to_device(*self.batch(self.test_dataset, it))
+        for step in range(math.ceil(len(self.test_dataset) / self.config.batch_size)):
+            x, y = self.batch(self.test_dataset, step)
+            packing = Packing(target_lengths(y), device=self.device)
+            x, y = self.to_device(x, y)
             with self.autocast():
-                losses.append(self.model.packed_loss(x, y).item())
+                losses.append(self.model(x, y, packing=packing)[1].item())
         print("test loss: %f" % np.mean(losses))
         self.model.train()
+
+    def save_checkpoint(self, epoch):
+        config = self.config
+        if config.ckpt_path is None or self.rank > 0 or (epoch + 1) % config.save_every:
+            return
+        path = config.ckpt_path.format(epoch=epoch + 1)
+        files.atomic_save(params_files.written_params(self.model), path)
+
+    # --- The resumable state (resume.py reads and checks its file) ----------------------
+
+    def state_dict(self):
+        """Everything that continues this run exactly: the model, the optimizer, fp16's
+        loss scale, where the run is, and every random state: Python's and numpy's (the
+        span corruption) and each process's torch state (its dropout masks). Tensors and
+        plain values only. Under torchrun every process calls it, for its random state."""
+        return {
+            'model': params_files.cpu_state_dict(self.model),
+            'optimizer': self.optimizer.state_dict(),
+            'scaler': self.scaler.state_dict(),  # fp16's loss scale; empty otherwise
+            'epoch': self.epoch,
+            'step': self.step,
+            'tokens': self.tokens,
+            'elapsed': self.elapsed,
+            'config': {k: getattr(self.config, k) for k in resume.SETTINGS},
+            'dataset_len': len(self.train_dataset),
+            'processes': self.world_size,
+            'python_rng': random.getstate(),
+            'numpy_rng': resume.numpy_rng_state(),
+            'process_rngs': distributed.gather(resume.torch_rng_state(self.device)),
+        }
+
+    def load_state_dict(self, state):
+        self.model.load_state_dict(state['model'])
+        self.optimizer.load_state_dict(state['optimizer'])
+        for group in self.optimizer.param_groups:  # a damaged state can load and not fit
+            for p in group['params']:
+                for name, value in self.optimizer.state[p].items():
+                    if torch.is_tensor(value) and value.dim() and value.shape != p.shape:
+                        raise ValueError(f"optimizer {name} of shape {tuple(value.shape)} for "
+                                         f"a parameter of shape {tuple(p.shape)}")  # fmt: skip
+        if state['scaler']:
+            self.scaler.load_state_dict(state['scaler'])
+        self.epoch, self.step = state['epoch'], state['step']
+        self.tokens, self.elapsed = state['tokens'], state['elapsed']
+        random.setstate(state['python_rng'])
+        np.random.set_state(state['numpy_rng'])
+        resume.set_torch_rng_state(state['process_rngs'][self.rank], self.device)
+
+    def save_state(self):
+        """The resumable state, written to config.resume_path by process 0."""
+        state = self.state_dict()
+        if self.rank == 0:
+            files.atomic_save(state, self.config.resume_path)

@@ -160,6 +160,14 @@ def params(tiny):
     return tiny
 
 
+def packed_loss(gpt, idx, targets, packing=None):
+    """The loss the trainer computes: GPT.forward on only the positions that can change it."""
+    from packing import Packing, target_lengths
+
+    packing = Packing(target_lengths(targets)) if packing is None else packing
+    return gpt(idx, targets, packing=packing)[1]
+
+
 def wait_for(path, process, seconds=120):
     """Until `path` exists; a process that ends first is a failure, with its error."""
     deadline = time.time() + seconds

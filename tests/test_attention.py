@@ -183,8 +183,8 @@ def test_sharpened_attention_is_sharp():
     gpt = make_gpt('vanilla', **SMALL, sharp=True).eval()
     att = gpt.blocks[0].attn
     x = gpt.blocks[0].ln1(gpt.tok_emb(torch.randint(2, 40, (4, 100))) + gpt.pos_emb[:, :100])
-    q = attention._split_heads(att.query(x), 4)  # (B, nh, T, hs)
-    k = attention._split_heads(att.key(x), 4)  # (B, nh, T, hs)
+    q = attention.split_heads(att.query(x), 4)  # (B, nh, T, hs)
+    k = attention.split_heads(att.key(x), 4)  # (B, nh, T, hs)
     probs = (
         (q @ k.transpose(-2, -1) / math.sqrt(8))
         .masked_fill(att.mask[:, :, :100, :100] == 0, float('-inf'))

@@ -71,15 +71,15 @@ def interrupted_run(rank, world_size, folder, method):
     gpt, ds, config = setup(folder, method)
     t = trainer.Trainer(gpt, ds, None, config)
     seed = torch.initial_seed()
-    real, steps = gpt.packed_loss, {'n': 0}
+    real, steps = gpt.forward, {'n': 0}
 
-    def counting_loss(*args):
+    def counting_forward(*args, **kwargs):
         steps['n'] += 1
         if steps['n'] == 2 and rank == 0:
             t.stopper.signal = 2
-        return real(*args)
+        return real(*args, **kwargs)
 
-    gpt.packed_loss = counting_loss
+    gpt.forward = counting_forward
     try:
         t.train()
         stopped = None
@@ -186,18 +186,25 @@ def test_torchrun_command_line_ctrl_c_and_resume(tiny):
 
 def test_ddp_is_given_the_packing_not_tensors_to_copy_back(tmp_path):
     """DistributedDataParallel with device_ids copies every tensor argument to the GPU: a
-    process's share of the batch must reach it as x and y (already on the device) and a
-    Packing worked out on the CPU, which DDP's copying leaves as it is, so no size is
-    read back from the GPU. Simulated: DDP's own copying, to the meta device."""
+    process's share of the batch must reach it as x (already on the device) and a Packing
+    worked out on the CPU, which DDP's copying leaves as it is, so no size is read back
+    from the GPU. Simulated: DDP's own copying, to the meta device."""
     gpt, ds, config = setup(tmp_path)
     t = trainer.Trainer(gpt, ds, None, config)
     given = []
-    t.ddp, t.rank, t.world_size = lambda *args: given.append(args) or torch.zeros(()), 1, 2
+
+    def ddp(*args, **kwargs):
+        given.append((args, kwargs))
+        return gpt(*args, **kwargs)
+
+    t.ddp, t.rank, t.world_size = ddp, 1, 2
     x, y = t.batch(ds, 0)
     t.loss(x, y)
-    (args,) = given
-    assert [type(a) for a in args] == [torch.Tensor, torch.Tensor, packing.Packing, float]
-    moved = torch.distributed.utils._recursive_to(args, torch.device('meta'), False)[0]
-    assert moved[2] is args[2] and all(
-        isinstance(v, int) for v in (args[2].T, *sum(args[2].shapes, ()))
+    ((args, kwargs),) = given
+    assert [type(a) for a in args] == [torch.Tensor] and list(kwargs) == ['packing']
+    packed = kwargs['packing']
+    assert type(packed) is packing.Packing
+    moved = torch.distributed.utils._recursive_to(kwargs, torch.device('meta'), False)[0]
+    assert moved['packing'] is packed and all(
+        isinstance(v, int) for v in (packed.T, *sum(packed.shapes, ()))
     )

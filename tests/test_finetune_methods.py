@@ -13,9 +13,8 @@ import files
 import finetune_methods
 import model
 import perceiver
-import resume
 import trainer
-from conftest import cli, main
+from conftest import cli, main, packed_loss
 from test_resume import train_to_end
 from test_trainer import tiny_setup
 
@@ -104,14 +103,14 @@ def test_training_starts_at_the_pretrained_model(variant, method):
     targets[0, 9:] = 0  # rows of different lengths, as packing sees them
     with torch.no_grad():
         logits, loss = gpt(idx, targets)
-        packed = gpt.packed_loss(idx, targets)
+        packed = packed_loss(gpt, idx, targets)
     linears = finetune_methods.block_linears(gpt)
     sublayers = finetune_methods.sublayers(gpt)
     finetune_methods.apply(gpt, method, lora_rank=2, lora_alpha=4.0, adapter_size=3)
     with torch.no_grad():
         assert torch.equal(gpt(idx, targets)[0], logits)
         assert torch.equal(gpt(idx, targets)[1], loss)
-        assert torch.equal(gpt.packed_loss(idx, targets), packed)
+        assert torch.equal(packed_loss(gpt, idx, targets), packed)
     if method == 'lora':
         assert trainable_count(gpt) == sum(
             2 * (m.in_features + m.out_features) for _, _, m in linears
@@ -137,7 +136,7 @@ def test_the_trainers_packed_loss_is_the_plain_loss_with_the_new_weights(variant
     targets[0, 9:], targets[2, 4:] = 0, 0  # rows the packing cuts short
     with torch.no_grad():
         torch.testing.assert_close(
-            gpt.packed_loss(idx, targets), gpt(idx, targets)[1], rtol=1e-12, atol=0
+            packed_loss(gpt, idx, targets), gpt(idx, targets)[1], rtol=1e-12, atol=0
         )
 
 
@@ -168,7 +167,7 @@ def test_frozen_weights_stay_frozen_and_the_new_ones_decay_as_the_original_decid
     finetune_methods.apply(gpt, method, lora_rank=2, lora_alpha=2.0, adapter_size=4)
     before = {k: v.clone() for k, v in gpt.state_dict().items()}
     run = trainer.Trainer(gpt, ds, None, config)
-    groups = run.make_optimizer().param_groups
+    groups = run.optimizer.param_groups
     names = {id(p): n for n, p in gpt.named_parameters()}
     decayed = {names[id(p)] for p in groups[0]['params']}
     undecayed = {names[id(p)] for p in groups[1]['params']}
@@ -198,9 +197,8 @@ def test_resuming_with_another_method_is_one_line(tmp_path):
     gpt, ds, config = tiny_setup(resume_path=state, finetune_method='LoRA rank 2, alpha 2')
     finetune_methods.apply(gpt, 'lora', lora_rank=2, lora_alpha=2.0, adapter_size=None)
     run = trainer.Trainer(gpt, ds, None, config)
-    optimizer = run.make_optimizer()
-    run.tokens, run.elapsed = 0, 0.0
-    resume.save_state(run, 0, 1, optimizer)
+    run.epoch, run.step = 0, 1
+    run.save_state()
     gpt, ds, config = tiny_setup(
         resume_path=state, resume=True, finetune_method='LoRA rank 2, alpha 4'
     )

@@ -1,11 +1,16 @@
 """packing.py against the plain computation: the packed loss and its gradients equal
 forward()'s on the padded batch, for every variant, at every row length."""
 
+import random
+
 import pytest
 import torch
 
-from packing import Packing, target_lengths
+import trainer
+from conftest import packed_loss
+from packing import Packing
 from test_model import BLOCK, SMALL, VARIANTS, make_gpt, ragged_batch
+from test_trainer import tiny_setup
 
 
 @pytest.mark.parametrize('variant', VARIANTS)
@@ -17,7 +22,7 @@ def test_packed_loss_equals_plain_loss_and_gradients(variant, leading_pad):
     plain.backward()
     plain_grads = {n: p.grad.clone() for n, p in gpt.named_parameters()}
     gpt.zero_grad()
-    packed = gpt.packed_loss(idx, targets)
+    packed = packed_loss(gpt, idx, targets)
     packed.backward()
     torch.testing.assert_close(packed, plain, atol=1e-6, rtol=1e-5)
     for n, p in gpt.named_parameters():
@@ -25,18 +30,20 @@ def test_packed_loss_equals_plain_loss_and_gradients(variant, leading_pad):
 
 
 def test_packed_loss_of_a_share_of_the_rows():
-    """What one of several processes computes (Trainer.loss): its rows' summed loss over
-    the whole batch's target count; the shares add up to forward()'s mean."""
-    gpt = make_gpt('vanilla', vocab=40, n_layer=2, n_head=4, n_embd=32).eval()
-    idx, targets = ragged_batch(40, leading_pad=True)
-    _, plain = gpt(idx, targets)
-    lengths = target_lengths(targets)
-    n_targets = int((targets != 0).sum())
-    shares = [
-        gpt.packed_loss(idx[rows], targets[rows], Packing(lengths[rows]), n_targets)
-        for rows in lengths.argsort(descending=True).tensor_split(torch.arange(1, 3))
-    ]
-    torch.testing.assert_close(sum(shares), plain, atol=1e-6, rtol=1e-5)
+    """What each of several processes computes (Trainer.loss under torchrun, simulated
+    with the model standing in for its DDP wrapper): its rows' summed loss over the whole
+    batch's target count, times the process count as DDP averages the gradients. The
+    shares average to forward()'s mean."""
+    random.seed(0)
+    gpt, ds, config = tiny_setup()
+    t = trainer.Trainer(gpt.eval(), ds, None, config)
+    x, y = t.batch(ds, 0)
+    _, plain = gpt(x, y)
+    shares = []
+    for rank in range(3):
+        t.ddp, t.rank, t.world_size = gpt, rank, 3
+        shares.append(t.loss(x, y))
+    torch.testing.assert_close(sum(shares) / 3, plain, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize('variant', VARIANTS)
@@ -54,7 +61,7 @@ def test_packed_loss_at_assignment_size_every_length(variant):
         for rows in (slice(0, 1), slice(60, 61), slice(T - 1, T), slice(0, T)):
             _, plain = gpt(idx[rows], targets[rows])
             torch.testing.assert_close(
-                gpt.packed_loss(idx[rows], targets[rows]), plain, atol=1e-5, rtol=1e-5
+                packed_loss(gpt, idx[rows], targets[rows]), plain, atol=1e-5, rtol=1e-5
             )
 
 

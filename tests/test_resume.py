@@ -27,15 +27,15 @@ def train_to_end(tmp_path, interrupt_at=None, precision='fp32', prepare=lambda g
     gpt, ds, config = tiny_setup(resume_path=str(tmp_path / 'state.resume'), precision=precision)
     prepare(gpt)
     steps = {'n': 0}
-    loss_fn = gpt.packed_loss
+    forward = gpt.forward
 
-    def counting_loss(x, y, *rest):
+    def counting_forward(*args, **kwargs):
         steps['n'] += 1
         if steps['n'] == interrupt_at:
             os.kill(os.getpid(), signal.SIGINT)
-        return loss_fn(x, y, *rest)
+        return forward(*args, **kwargs)
 
-    gpt.packed_loss = counting_loss
+    gpt.forward = counting_forward
     if interrupt_at is not None:
         steps_per_epoch = math.ceil(len(ds) / config.batch_size)
         epoch, step = divmod(interrupt_at - 1, steps_per_epoch)
@@ -65,15 +65,14 @@ def test_interrupt_and_resume_equals_uninterrupted(tmp_path, interrupt_at):
 
 def saved_state(tmp_path):
     """A resumable state of tiny_setup after one step (so the optimizer has moments), as
-    resume.save_state writes it; returned as loaded with weights_only=True."""
+    Trainer.save_state writes it; returned as loaded with weights_only=True."""
     gpt, ds, config = tiny_setup(resume_path=str(tmp_path / 'state.resume'))
     t = trainer.Trainer(gpt, ds, None, config)
-    optimizer = t.make_optimizer()
     random.seed(0)
     x, y = t.batch(ds, 0)
-    t.update(optimizer, gpt.packed_loss(x, y))
-    t.tokens, t.elapsed = y.numel(), 1.5
-    resume.save_state(t, 0, 1, optimizer)
+    t.update(t.loss(x, y))
+    t.epoch, t.step, t.tokens, t.elapsed = 0, 1, y.numel(), 1.5
+    t.save_state()
     return torch.load(tmp_path / 'state.resume', weights_only=True)
 
 
@@ -81,14 +80,14 @@ def resume_to_end(tmp_path, steps=None):
     """Resume tiny_setup from tmp_path/state.resume and train to the end; returns the model.
     Counts the steps run in `steps` (a list)."""
     gpt, ds, config = tiny_setup(resume_path=str(tmp_path / 'state.resume'), resume=True)
-    loss_fn = gpt.packed_loss
+    forward = gpt.forward
 
-    def counting_loss(x, y, *rest):
+    def counting_forward(*args, **kwargs):
         if steps is not None:
             steps.append(1)
-        return loss_fn(x, y, *rest)
+        return forward(*args, **kwargs)
 
-    gpt.packed_loss = counting_loss
+    gpt.forward = counting_forward
     trainer.Trainer(gpt, ds, None, config).train()
     return gpt
 
@@ -101,7 +100,8 @@ def test_resumable_state_is_plain_values_and_restores_numpy(tmp_path):
     np.random.seed(99)
     gpt, ds, config = tiny_setup(resume_path=str(tmp_path / 'state.resume'), resume=True)
     t = trainer.Trainer(gpt, ds, None, config)
-    assert resume.load_state(t, t.make_optimizer()) == (0, 1)
+    resume.load(config.resume_path, t)
+    assert (t.epoch, t.step) == (0, 1)
     assert np.array_equal(np.random.rand(3), expected)
 
 
@@ -252,15 +252,15 @@ def test_fp16_gradient_scaler_skips_overflows_and_resumes_exactly(tmp_path):
         t = trainer.Trainer(gpt, ds, None, config)
         if not resume:
             t.scaler = torch.amp.GradScaler('cpu', init_scale=2.0**40)
-        real, steps = gpt.packed_loss, {'n': 0}
+        real, steps = gpt.forward, {'n': 0}
 
-        def counting_loss(x, y, *rest):
+        def counting_forward(*args, **kwargs):
             steps['n'] += 1
             if steps['n'] == interrupt_at:
                 t.stopper.signal = signal.SIGINT
-            return real(x, y, *rest)
+            return real(*args, **kwargs)
 
-        gpt.packed_loss = counting_loss
+        gpt.forward = counting_forward
         t.train()
         return t, gpt.state_dict()
 

@@ -290,18 +290,18 @@ def test_save_every_writes_the_params_a_shorter_run_ends_with(tiny, monkeypatch)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), checkpoint
 
     monkeypatch.setattr(trainer.TrainerConfig, 'save_every_s', 0)  # a state after every epoch
-    real_end_epoch = trainer.Trainer.end_epoch
+    real_save_state = trainer.Trainer.save_state
 
-    def stop_after_epoch_3(self, epoch):
-        real_end_epoch(self, epoch)
-        if epoch == 2:
+    def stop_after_epoch_3(self):
+        real_save_state(self)
+        if self.epoch == 3:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(trainer.Trainer, 'end_epoch', stop_after_epoch_3)
+    monkeypatch.setattr(trainer.Trainer, 'save_state', stop_after_epoch_3)
     resumed = [*args, '--max_epochs', 4, '--save_every', 2, '--writing_params_path', 'r.params']
     assert main(*resumed, cwd=tiny) == 130
     assert sorted(p.name for p in tiny.glob('r.*params')) == ['r.epoch2.params']
-    monkeypatch.setattr(trainer.Trainer, 'end_epoch', real_end_epoch)
+    monkeypatch.setattr(trainer.Trainer, 'save_state', real_save_state)
     assert main(*resumed, '--resume', cwd=tiny) == 0
     a, b = load('r.epoch4.params'), load('four.epoch4.params')
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -355,15 +355,15 @@ def test_interrupted_cli_run_resumes_to_identical_params(tiny, signum):
 def test_non_finite_loss_stops_and_keeps_last_good_state(tiny, monkeypatch, capsys):
     import model
 
-    real = model.GPT.packed_loss
+    real = model.GPT.forward
     calls = {'n': 0}
 
-    def exploding(self, x, y, *rest):
+    def exploding(self, *args, **kwargs):
         calls['n'] += 1
-        loss = real(self, x, y, *rest)
-        return loss * float('nan') if calls['n'] > 12 else loss
+        logits, loss = real(self, *args, **kwargs)
+        return logits, loss * float('nan') if calls['n'] > 12 else loss
 
-    monkeypatch.setattr(model.GPT, 'packed_loss', exploding)
+    monkeypatch.setattr(model.GPT, 'forward', exploding)
     monkeypatch.setattr(run.trainer.TrainerConfig, 'save_every_s', 0)
     code = main(
         'pretrain',

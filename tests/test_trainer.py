@@ -1,16 +1,23 @@
 """trainer.py: the original's batches, schedule and optimizer groups, and a loss that
 goes down (test_resume.py interrupts and resumes it)."""
 
+import inspect
 import math
 import random
+import sys
+import textwrap
 
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
+import attention
 import dataset
 import model
+import perceiver
 import trainer
 from conftest import tiny_corpus
+from test_model import make_gpt
 
 
 def tiny_setup(tmp_path=None, **overrides):
@@ -105,3 +112,51 @@ def test_training_lowers_the_loss():
     with torch.no_grad():
         after = gpt.eval()(x, y)[1].item()
     assert after < before - 1.0
+
+
+# Each handout forward, and a change to a line of its body that the handout's equations hold
+HANDOUT_FORWARDS = [
+    ('vanilla', model.Block, 'self.mlp('),
+    ('vanilla', attention.CausalSelfAttention, 'F.softmax('),
+    ('rope', attention.CausalSelfAttention, 'F.softmax('),
+    ('synthesizer', attention.SynthesizerAttention, 'F.softmax('),
+    ('perceiver', perceiver.DownProjectBlock, 'self.mlp('),
+    ('perceiver', perceiver.UpProjectBlock, 'self.mlp('),
+    ('perceiver', attention.CausalCrossAttention, 'F.softmax('),
+]
+
+
+def changed_forward(module, code):
+    """module.forward compiled from its own source with `code` scaled by 0.5."""
+    source = textwrap.dedent(inspect.getsource(module.forward))
+    assert code in source, f"{module.__name__}.forward does not compute {code}...) itself"
+    namespace = {}
+    exec(source.replace(code, '0.5 * ' + code), sys.modules[module.__module__].__dict__, namespace)
+    return namespace['forward']
+
+
+@pytest.mark.parametrize(
+    'variant, module, code',
+    HANDOUT_FORWARDS,
+    ids=[f'{v}-{m.__name__}' for v, m, _ in HANDOUT_FORWARDS],
+)
+def test_a_change_to_a_handout_forward_changes_what_trains(monkeypatch, variant, module, code):
+    """The handout's forwards are the code that trains: each computes its equation in its
+    own body, and the trainer's loss (packed, in training mode, as a step computes it)
+    runs through it, so the same step with one line of that body changed computes
+    another loss."""
+    text, _ = tiny_corpus()
+    ds = dataset.CharCorruptionDataset(text, 128)
+
+    def step_loss():
+        random.seed(0)
+        gpt = make_gpt(variant, vocab=ds.vocab_size, n_layer=3, n_head=4, n_embd=32)
+        t = trainer.Trainer(gpt, ds, None, trainer.TrainerConfig(batch_size=8, device='cpu'))
+        gpt.train()
+        torch.manual_seed(0)  # the dropout masks
+        return t.loss(*t.batch(ds, 0)).item()
+
+    plain = step_loss()
+    assert step_loss() == plain
+    monkeypatch.setattr(module, 'forward', changed_forward(module, code))
+    assert step_loss() != plain

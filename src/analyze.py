@@ -38,6 +38,7 @@ import dataset
 import decoding
 import devices
 import files
+import params_files
 import plot
 import run
 
@@ -294,12 +295,10 @@ def analyze(args):
 def load_model(args, corpus):
     """The model of args.params, in evaluation's fp32, and the vocabulary's dataset."""
     pretrain_dataset = dataset.CharCorruptionDataset(corpus, run.BLOCK_SIZE)
-    vocab_size = pretrain_dataset.vocab_size
-    state = run.load_params(
-        args.params, args.variant, vocab_size, args.pretrain_corpus_path, args.bottleneck_dim
+    gpt = run.new_model(args.variant, pretrain_dataset.vocab_size, args.bottleneck_dim)
+    params_files.load_params(
+        args.params, gpt, args.pretrain_corpus_path, run.model_name(args.variant)
     )
-    gpt = run.new_model(args.variant, vocab_size, args.bottleneck_dim)
-    run.load_into(gpt, state)
     return gpt.to(devices.pick_device(args.device)), pretrain_dataset
 
 

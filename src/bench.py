@@ -38,6 +38,7 @@ import devices
 import dropout
 import files
 import packing
+import params_files
 import run
 import trainer
 import utils
@@ -143,10 +144,7 @@ def model_flops(kept_positions, rows, n_embd=256, n_layer=4, vocab=256):
     return 6 * linear * kept_positions + 3 * n_layer * 4 * n_embd * attention_pairs
 
 
-def bench_evaluate(corpus, params, n_plain, device, variant, bottleneck_dim):
-    gpt = make_model(corpus.vocab_size, False, variant, bottleneck_dim)
-    if params is not None:
-        run.load_into(gpt, params)
+def bench_evaluate(corpus, gpt, n_plain, device):
     gpt.to(device).eval()
     questions = files.read_lines('birth_dev.tsv')
     room = run.BLOCK_SIZE - 2 - run.ANSWER_LENGTH
@@ -170,13 +168,9 @@ def main():
         device = devices.pick_device(args.device)
         precision = devices.training_precision(args.precision, device)
         corpus = dataset.CharCorruptionDataset(files.read_text('wiki.txt'), run.BLOCK_SIZE)
-        params = (
-            run.load_params(
-                args.params, args.variant, corpus.vocab_size, 'wiki.txt', args.bottleneck_dim
-            )
-            if args.params
-            else None
-        )
+        decoder = make_model(corpus.vocab_size, False, args.variant, args.bottleneck_dim)
+        if args.params:
+            params_files.load_params(args.params, decoder, 'wiki.txt', run.model_name(args.variant))
     except files.UserError as e:
         sys.exit(f"error: {e}")
     print(
@@ -184,9 +178,7 @@ def main():
         f"variant {args.variant}; our precision {precision}"
     )
     report_pretraining(args, corpus, precision, device)
-    plain, ours, n = bench_evaluate(
-        corpus, params, args.questions, device, args.variant, args.bottleneck_dim
-    )
+    plain, ours, n = bench_evaluate(corpus, decoder, args.questions, device)
     untrained = '' if args.params else ', untrained model'
     print(f"evaluate (birth_dev.tsv, 32 characters per question{untrained}):")
     print(f"  plain: {plain * 1000:8.1f} ms/question (first {args.questions})")

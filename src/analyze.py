@@ -435,7 +435,7 @@ def main(argv=None):
             text = json.dumps(report, indent=1)
             files.atomic_write(args.json, lambda f: f.write(text.encode('utf-8')))
     except files.UserError as e:
-        sys.exit(f"error: {e}")
+        sys.exit(files.report(e))
 
 
 if __name__ == '__main__':

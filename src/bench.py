@@ -162,30 +162,7 @@ def bench_evaluate(corpus, gpt, n_plain, device):
     return plain, ours, len(prompts)
 
 
-def main():
-    args = parse_args()
-    try:
-        device = devices.pick_device(args.device)
-        precision = devices.training_precision(args.precision, device)
-        corpus = dataset.CharCorruptionDataset(files.read_text('wiki.txt'), run.BLOCK_SIZE)
-        decoder = make_model(corpus.vocab_size, False, args.variant, args.bottleneck_dim)
-        if args.params:
-            params_files.load_params(args.params, decoder, 'wiki.txt', run.model_name(args.variant))
-    except files.UserError as e:
-        sys.exit(f"error: {e}")
-    print(
-        f"machine: {devices.describe(device)} ({torch.get_num_threads()} threads); "
-        f"variant {args.variant}; our precision {precision}"
-    )
-    report_pretraining(args, corpus, precision, device)
-    plain, ours, n = bench_evaluate(corpus, decoder, args.questions, device)
-    untrained = '' if args.params else ', untrained model'
-    print(f"evaluate (birth_dev.tsv, 32 characters per question{untrained}):")
-    print(f"  plain: {plain * 1000:8.1f} ms/question (first {args.questions})")
-    print(f"  ours:  {ours * 1000:8.1f} ms/question (all {n})   {plain / ours:.1f}x faster")
-
-
-def parse_args():
+def parse_args(argv):
     argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     argp.add_argument('--steps', type=int, default=5, help="timed pretraining steps per path")
     argp.add_argument(
@@ -199,7 +176,7 @@ def parse_args():
     argp.add_argument('--variant', choices=list(run.VARIANT_EDITION), default='vanilla')
     argp.add_argument('--bottleneck_dim', type=int, default=32, help="the perceiver's (default 32)")
     devices.add_arguments(argp)
-    return argp.parse_args()
+    return argp.parse_args(argv)
 
 
 def report_pretraining(args, corpus, precision, device):
@@ -230,6 +207,29 @@ def report_pretraining(args, corpus, precision, device):
             f"{flops / ours / peak:.0%} of this machine's {precision} matmul peak "
             f"({peak / 1e9:.0f} GFLOP/s)"
         )
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        device = devices.pick_device(args.device)
+        precision = devices.training_precision(args.precision, device)
+        corpus = dataset.CharCorruptionDataset(files.read_text('wiki.txt'), run.BLOCK_SIZE)
+        decoder = make_model(corpus.vocab_size, False, args.variant, args.bottleneck_dim)
+        if args.params:
+            params_files.load_params(args.params, decoder, 'wiki.txt', run.model_name(args.variant))
+    except files.UserError as e:
+        sys.exit(files.report(e))
+    print(
+        f"machine: {devices.describe(device)} ({torch.get_num_threads()} threads); "
+        f"variant {args.variant}; our precision {precision}"
+    )
+    report_pretraining(args, corpus, precision, device)
+    plain, ours, n = bench_evaluate(corpus, decoder, args.questions, device)
+    untrained = '' if args.params else ', untrained model'
+    print(f"evaluate (birth_dev.tsv, 32 characters per question{untrained}):")
+    print(f"  plain: {plain * 1000:8.1f} ms/question (first {args.questions})")
+    print(f"  ours:  {ours * 1000:8.1f} ms/question (all {n})   {plain / ours:.1f}x faster")
 
 
 if __name__ == '__main__':

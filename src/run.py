@@ -385,8 +385,7 @@ def main(argv=None):
         check_args(args)
         PHASES[args.function](args)
     except files.UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        status = 2
+        status = files.report(e)
     except resume.TrainingInterrupted as e:
         print(f"\n{e}. To continue: {continue_command(args, argv)}", file=sys.stderr)
         status = 130

@@ -172,9 +172,10 @@ def test_mismatched_files_are_one_clear_line(folder, capsys, predictions, tsv_te
             '--pretrain_corpus_path', str(folder / 'wiki.txt'),
             '--finetune_corpus_path', str(folder / 'train.tsv'),
         ])  # fmt: skip
-    assert str(stop.value.code).startswith('error: ')
-    assert len(str(stop.value.code).splitlines()) == 1
-    assert re.search(message, str(stop.value.code)), stop.value.code
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith('error: ')
+    assert len(err.splitlines()) == 1
+    assert re.search(message, err), err
 
 
 def test_reports_side_by_side_a_table_and_a_picture(tmp_path, capsys):
@@ -196,8 +197,8 @@ def test_reports_side_by_side_a_table_and_a_picture(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         analyze.main([str(tmp_path / 'r.json'), str(tmp_path / 'no_params.json'),
                       '--coverage_plot', str(tmp_path / 'c.png')])  # fmt: skip
-    assert str(stop.value.code).endswith(
-        "no_params.json: not a report of analyze.py --params ... --json"
+    assert stop.value.code == 2 and capsys.readouterr().err.endswith(
+        "no_params.json: not a report of analyze.py --params ... --json\n"
     )
     pytest.importorskip('matplotlib', reason='the picture needs matplotlib, an optional install')
     capsys.readouterr()

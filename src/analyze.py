@@ -2,7 +2,7 @@
 
     python src/analyze.py vanilla.pretrain.dev.predictions
     python src/analyze.py vanilla.pretrain.dev.predictions \\
-        --params vanilla.finetune.params --variant vanilla --json vanilla.analysis.json
+        --params vanilla.finetune.params --json vanilla.analysis.json
     python src/analyze.py --coverage_plot coverage.png vanilla.analysis.json rope.analysis.json
         # the reports side by side: a table, and the picture of accuracy against coverage
 
@@ -293,12 +293,14 @@ def analyze(args):
 
 
 def load_model(args, corpus):
-    """The model of args.params, in evaluation's fp32, and the vocabulary's dataset."""
+    """The model of args.params, in evaluation's fp32, and the vocabulary's dataset; its
+    variant and bottleneck are the file's where --variant and --bottleneck_dim leave them out."""
     pretrain_dataset = dataset.CharCorruptionDataset(corpus, run.BLOCK_SIZE)
-    gpt = run.new_model(args.variant, pretrain_dataset.vocab_size, args.bottleneck_dim)
-    params_files.load_params(
-        args.params, gpt, args.pretrain_corpus_path, run.model_name(args.variant)
+    variant, bottleneck_dim = params_files.variant_and_bottleneck(
+        args.params, args.variant, args.bottleneck_dim
     )
+    gpt = run.new_model(variant, pretrain_dataset.vocab_size, bottleneck_dim)
+    params_files.load_params(args.params, gpt, args.pretrain_corpus_path, run.model_name(variant))
     return gpt.to(devices.pick_device(args.device)), pretrain_dataset
 
 
@@ -405,8 +407,10 @@ def parse_args(argv):
     argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
     argp.add_argument('--finetune_corpus_path', default='birth_places_train.tsv')
     argp.add_argument('--params', help="the params that made the predictions: adds confidence")
-    argp.add_argument('--variant', choices=list(run.VARIANT_EDITION), default='vanilla')
-    argp.add_argument('--bottleneck_dim', type=int, default=32)
+    argp.add_argument(
+        '--variant', choices=list(run.VARIANT_EDITION), help="default: the params file's"
+    )
+    argp.add_argument('--bottleneck_dim', type=run.positive(int), help="default: the params file's")
     argp.add_argument('--invented', type=run.positive(int), default=300, help="invented people")
     argp.add_argument('--seed', type=int, default=0, help="of the invented names (default 0)")
     argp.add_argument('--name', help="the model's name in the report (default: the file's)")

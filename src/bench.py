@@ -3,6 +3,9 @@
     python src/bench.py [--steps 5] [--questions 20] [--params vanilla.finetune.params]
                         [--variant vanilla|synthesizer|perceiver|rope] [--bottleneck_dim 32]
 
+Where --variant and --bottleneck_dim are left out, the variant and the perceiver's
+bottleneck are the params file's (without --params: vanilla and 32).
+
 Pretraining: one step (forward, backward, clipping, AdamW) on the same batch of 128
 span-corruption examples of wiki.txt, with the same model:
   plain  fp32, every row padded to 127 positions, explicit masked-softmax attention
@@ -77,6 +80,21 @@ def make_model(vocab_size, plain, variant='vanilla', bottleneck_dim=32):
             for name, child in parent.named_children():
                 if isinstance(child, dropout.Dropout):
                     setattr(parent, name, nn.Dropout(child.p))
+    return gpt
+
+
+def decoding_model(args, corpus):
+    """The model that evaluation is timed with: --params loaded into a model of its variant
+    and bottleneck, or without it an untrained one. Sets args.variant and
+    args.bottleneck_dim where they were left out: the file's, else vanilla and 32."""
+    if not args.params:
+        args.variant, args.bottleneck_dim = args.variant or 'vanilla', args.bottleneck_dim or 32
+        return make_model(corpus.vocab_size, False, args.variant, args.bottleneck_dim)
+    args.variant, args.bottleneck_dim = params_files.variant_and_bottleneck(
+        args.params, args.variant, args.bottleneck_dim
+    )
+    gpt = make_model(corpus.vocab_size, False, args.variant, args.bottleneck_dim)
+    params_files.load_params(args.params, gpt, 'wiki.txt', run.model_name(args.variant))
     return gpt
 
 
@@ -173,8 +191,16 @@ def parse_args(argv):
         help="finetuned params to decode with (default: untrained, "
         "which never stops early: the slowest case for ours)",
     )
-    argp.add_argument('--variant', choices=list(run.VARIANT_EDITION), default='vanilla')
-    argp.add_argument('--bottleneck_dim', type=int, default=32, help="the perceiver's (default 32)")
+    argp.add_argument(
+        '--variant',
+        choices=list(run.VARIANT_EDITION),
+        help="default: the params file's, else vanilla",
+    )
+    argp.add_argument(
+        '--bottleneck_dim',
+        type=run.positive(int),
+        help="the perceiver's (default: the params file's, else 32)",
+    )
     devices.add_arguments(argp)
     return argp.parse_args(argv)
 
@@ -215,9 +241,7 @@ def main(argv=None):
         device = devices.pick_device(args.device)
         precision = devices.training_precision(args.precision, device)
         corpus = dataset.CharCorruptionDataset(files.read_text('wiki.txt'), run.BLOCK_SIZE)
-        decoder = make_model(corpus.vocab_size, False, args.variant, args.bottleneck_dim)
-        if args.params:
-            params_files.load_params(args.params, decoder, 'wiki.txt', run.model_name(args.variant))
+        decoder = decoding_model(args, corpus)
     except files.UserError as e:
         sys.exit(files.report(e))
     print(

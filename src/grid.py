@@ -78,11 +78,8 @@ def parse_args(argv):
 
 def pretrained_model(path):
     """(name, variant, run.py flags for its shape) of a pretrained params file."""
-    state = params_files.read_state_dict(path, f"--pretrained {path}")
-    variant = params_files.params_variant(state)
-    flags = (
-        ['--bottleneck_dim', str(state['down_block.C'].size(1))] if variant == 'perceiver' else []
-    )
+    variant, bottleneck_dim = params_files.variant_and_bottleneck(path, flag='--pretrained')
+    flags = ['--bottleneck_dim', str(bottleneck_dim)] if variant == 'perceiver' else []
     name = os.path.basename(path).removesuffix('.params').removesuffix('.pretrain')
     return name, variant, flags
 

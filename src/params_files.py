@@ -53,6 +53,18 @@ def load_params(path, gpt, corpus_path, model_name):
     return state
 
 
+def variant_and_bottleneck(path, variant=None, bottleneck_dim=None, flag='--reading_params_path'):
+    """(variant, bottleneck_dim) of the model to load the params file `path` into: those
+    given, and for those left out (None), the file's: the variant told from its names, the
+    perceiver's bottleneck from down_block.C's shape (run.py's default, 32, where it
+    cannot be told). load_params then checks the file against that model: a variant or a
+    bottleneck given that the file contradicts is its one-line error."""
+    state = read_state_dict(path, f"{flag} {path}")
+    basis = state.get('down_block.C')  # (1, bottleneck_dim, n_embd)
+    told = basis.size(1) if basis is not None and basis.dim() == 3 else 32
+    return variant or params_variant(state), bottleneck_dim or told
+
+
 def read_state_dict(path, where):
     """The GPT state_dict in `path`, under the plain model's names; not yet checked to fit."""
     if_trusted = (

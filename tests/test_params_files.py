@@ -294,3 +294,13 @@ def test_check_state_dict_finds_every_non_finite_value_and_only_those():
     ):
         with pytest.raises(files.UserError, match=rf"^f: 'w' has {bad} non-finite value"):
             params_files.check_state_dict({'w': torch.tensor(values)}, expected, 'f', 'm')
+
+
+def test_the_variant_and_bottleneck_are_told_from_the_file(params):
+    for variant in ('vanilla', 'synthesizer', 'rope', 'perceiver'):
+        told = params_files.variant_and_bottleneck(str(params / f'{variant}.params'))
+        assert told == (variant, 64 if variant == 'perceiver' else 32)
+    # those given are kept, for load_params to check against the file
+    path = str(params / 'perceiver.params')
+    assert params_files.variant_and_bottleneck(path, 'rope', 16) == ('rope', 16)
+    assert params_files.variant_and_bottleneck(path, bottleneck_dim=16) == ('perceiver', 16)

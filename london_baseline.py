@@ -31,9 +31,9 @@ if __name__ == '__main__':
     path = sys.argv[1] if len(sys.argv) > 1 else 'birth_dev.tsv'
     try:
         total, correct = london_baseline(path)
+        if total == 0:
+            raise files.UserError(f"{path} has no gold places to compare with")
     except files.UserError as e:
-        sys.exit(f"error: {e}")
-    if total == 0:
-        sys.exit(f"error: {path} has no gold places to compare with")
+        sys.exit(files.report(e))
     print('Correct: {} out of {}: {}%'.format(correct, total, correct / total * 100))
     write_accuracy(total, correct)

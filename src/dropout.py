@@ -1,13 +1,13 @@
-"""nn.Dropout, about twice as fast on the CPU (forward and backward together).
+"""nn.Dropout with its masks drawn faster on the CPU (README: Speed).
 
 On the CPU, torch's dropout draws one 64-bit random number per element (bernoulli_, in
-double precision) and keeps a float mask for the backward pass; that was a quarter of
-our pretraining step. Here each 64-bit draw gives two 32-bit ones, and an element is
-dropped when its number falls in the lowest round(p * 2^32) of the 2^32 values: dropout
-with probability p to within 2^-33. The draws come from numpy's SFC64 generator, seeded
-by a draw from torch's generator, so torch.manual_seed still fixes every mask and
-resumed runs stay exact. The backward pass reuses the mask, kept as one byte per
-element. On a GPU, torch's fused dropout is used as it is.
+double precision) and keeps a float mask for the backward pass. Here each 64-bit draw
+gives two 32-bit ones, and an element is dropped when its number falls in the lowest
+round(p * 2^32) of the 2^32 values: dropout with probability p to within 2^-33. The
+draws come from numpy's SFC64 generator, seeded by a draw from torch's generator, so
+torch.manual_seed still fixes every mask and resumed runs stay exact. The backward pass
+reuses the mask, kept as one byte per element. On a GPU, torch's fused dropout is used
+as it is.
 """
 
 import numpy as np

@@ -1,7 +1,8 @@
 """Reading the user's files and writing ours, safely: input text checked and read as the
 original's text-mode open() read it, bare file names found in data/, files written
 whole or not at all, and torch files loaded without running anything in them. Every
-problem is a UserError: one line for the user, no traceback.
+problem is a UserError: one line for the user, no traceback; report prints it, as every
+script does.
 """
 
 import os
@@ -9,6 +10,7 @@ import pickle
 import re
 import secrets
 import shlex
+import sys
 from pathlib import Path
 
 import torch
@@ -18,6 +20,13 @@ DATA_DIR = Path(__file__).resolve().parent.parent / 'data'
 
 class UserError(Exception):
     """A problem with the command line or an input file: reported as one line, no traceback."""
+
+
+def report(error):
+    """Every script's handler of a UserError: prints its one line, 'error: ...', on stderr
+    and returns the exit status for it, 2 (argparse's for a bad command line)."""
+    print(f"error: {error}", file=sys.stderr)
+    return 2
 
 
 def find_data_file(path):

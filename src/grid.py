@@ -33,14 +33,13 @@ import math
 import os
 import re
 import statistics
-import subprocess
 
 import devices
 import files
 import finetune_methods
 import params_files
 import plot
-import reproduce
+import records
 import run
 
 
@@ -79,11 +78,8 @@ def parse_args(argv):
 
 def pretrained_model(path):
     """(name, variant, run.py flags for its shape) of a pretrained params file."""
-    state = params_files.read_state_dict(path, f"--pretrained {path}")
-    variant = params_files.params_variant(state)
-    flags = (
-        ['--bottleneck_dim', str(state['down_block.C'].size(1))] if variant == 'perceiver' else []
-    )
+    variant, bottleneck_dim = params_files.variant_and_bottleneck(path, flag='--pretrained')
+    flags = ['--bottleneck_dim', str(bottleneck_dim)] if variant == 'perceiver' else []
     name = os.path.basename(path).removesuffix('.params').removesuffix('.pretrain')
     return name, variant, flags
 
@@ -94,7 +90,7 @@ def planned_runs(args):
     runs = []
     for path in args.pretrained:
         name, variant, shape = pretrained_model(path)
-        digest = md5(path)
+        digest = records.md5(path)
         for method, method_flags in args.methods:
             for seed in args.seeds:
                 out = os.path.join(args.outdir, f"{name}.{method.replace(':', '')}.s{seed}")
@@ -115,10 +111,6 @@ def planned_runs(args):
     return runs
 
 
-def md5(path):
-    return reproduce.input_digests(['--reading_params_path', path])[path]
-
-
 def overrides(args):
     """The flags passed on to every finetuning."""
     flags = []
@@ -128,28 +120,15 @@ def overrides(args):
     return flags + ['--precision', args.precision]
 
 
-def commit():
-    """The code's git commit (with '+changes' when the tree differs from it), or None."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    git = lambda *a: subprocess.run(['git', *a], cwd=here, capture_output=True, text=True)
-    try:
-        head, changes = git('rev-parse', 'HEAD'), git('status', '--porcelain', '-uno')
-    except OSError:
-        return None
-    if head.returncode != 0:
-        return None
-    return head.stdout.strip() + ('+changes' if changes.stdout.strip() else '')
-
-
 def run_all(args):
     """Every run whose dev and test predictions are missing; returns the record."""
     os.makedirs(args.outdir, exist_ok=True)
     path = os.path.join(args.outdir, 'grid.json')
-    record = reproduce.read_record(path)
-    save = lambda: reproduce.write_record(path, record)
+    record = records.read_record(path)
+    save = lambda: records.write_record(path, record)
     runs = planned_runs(args)
-    reproduce.check_made_with([(key, out + '.params', made) for key, out, made, _ in runs], record)
-    code, machine = commit(), devices.describe(args.device)
+    records.check_made_with([(key, out + '.params', made) for key, out, made, _ in runs], record)
+    code, machine = records.commit(), devices.describe(args.device)
     for key, out, made_with, (finetune, dev, test) in runs:
         outputs = [out + '.params', out + '.dev.predictions', out + '.test.predictions']
         if all(os.path.exists(p) for p in outputs) and 'dev_correct' in record.get(key, {}):
@@ -160,14 +139,14 @@ def run_all(args):
         save()  # before the work: a leftover .resume is then known to be this run's
         if not os.path.exists(out + '.params'):
             resuming = ['--resume'] if os.path.exists(out + '.params.resume') else []
-            trainer = reproduce.run_command(finetune + resuming)
+            trainer = records.run_command(finetune + resuming)
             model = trainer.model
             entry['trainable'] = sum(p.numel() for p in model.parameters() if p.requires_grad)
             entry['parameters'] = sum(p.numel() for p in model.parameters())
             entry['finetune_seconds'] = trainer.elapsed
             save()
-        entry['dev_total'], entry['dev_correct'] = reproduce.run_command(dev)
-        reproduce.run_command(test)
+        entry['dev_total'], entry['dev_correct'] = records.run_command(dev)
+        records.run_command(test)
         save()
     return record
 
@@ -348,14 +327,14 @@ def plot_grid(record, out):
 
 def main(argv=None):
     args = parse_args(argv)
-    with reproduce.one_line_stops('src/grid.py', argv):
+    with records.one_line_stops('src/grid.py', argv):
         device = args.device = devices.pick_device(args.device)
         # recorded as what they are here, not as 'auto'
         args.precision = devices.training_precision(args.precision, device)
         record = (
             run_all(args)
             if args.pretrained
-            else reproduce.read_record(os.path.join(args.outdir, 'grid.json'))
+            else records.read_record(os.path.join(args.outdir, 'grid.json'))
         )
         if not finished(record):
             raise files.UserError(f"{args.outdir}: no finished runs yet (give --pretrained)")

@@ -1,9 +1,10 @@
 """Params files: what a .params file must hold before a model loads it. load_params
 reads a state_dict without running anything in the file (load_weights_only),
 accepts the names that wrapped models save (DataParallel, torch.compile), tells the
-variant from the names, and checks the vocabulary, the shapes and that every value is
-finite, each problem a one-line UserError. run.py and resume.py use it; written_params
-is what every written params file holds.
+variant from the names, checks the vocabulary, the shapes and that every value is
+finite against the model it loads into, each problem a one-line UserError. run.py,
+analyze.py and bench.py load params with it, resume.py checks its state's model with
+check_state_dict; written_params is what every written params file holds.
 """
 
 import torch
@@ -18,18 +19,22 @@ KEEP_TENSORS = (
 )
 
 
-def load_params(path, variant, shapes, corpus_path, model_name):
-    """The state_dict in `path`, loaded without running anything in the file (tensors and
-    plain values only) and checked to be a `variant` model with exactly the shapes
-    `shapes(state)` gives ({name: torch.Size}, of the model it is for: `model_name`; a
-    function of the state, which may hold adapters), whose vocabulary is corpus_path's.
-    Any problem is one UserError line."""
+def load_params(path, gpt, corpus_path, model_name):
+    """Loads the state_dict in `path` into gpt, a model (`model_name` in the messages) for
+    the vocabulary of corpus_path, adding first the adapters the file holds, if any (params
+    finetuned with --finetune_method adapter). The file is loaded without running anything
+    in it (tensors and plain values only) and checked to hold a model of gpt's variant with
+    exactly the names and shapes of gpt's state_dict. Any problem is one UserError line.
+    Returns the state_dict."""
     where = f"--reading_params_path {path}"
     state = read_state_dict(path, where)
-    found = params_variant(state)
+    size = finetune_methods.adapter_size(state)
+    if size is not None:
+        finetune_methods.add_adapters(gpt, size)
+    shapes = {name: tensor.shape for name, tensor in gpt.state_dict().items()}
+    found, variant = params_variant(state), params_variant(shapes)
     if found != variant:
         raise UserError(f"{where}: holds a {found} model, but the variant is {variant}")
-    shapes = shapes(state)
     embedding = state['tok_emb.weight']  # (vocab_size, n_embd) when it has the right shape
     vocab_size = shapes['tok_emb.weight'][0]
     if embedding.dim() == 2 and embedding.size(0) != vocab_size:
@@ -44,7 +49,20 @@ def load_params(path, variant, shapes, corpus_path, model_name):
             f"but the flag is {shapes['down_block.C'][1]}"
         )
     check_state_dict(state, shapes, where, model_name)
+    gpt.load_state_dict(state)
     return state
+
+
+def variant_and_bottleneck(path, variant=None, bottleneck_dim=None, flag='--reading_params_path'):
+    """(variant, bottleneck_dim) of the model to load the params file `path` into: those
+    given, and for those left out (None), the file's: the variant told from its names, the
+    perceiver's bottleneck from down_block.C's shape (run.py's default, 32, where it
+    cannot be told). load_params then checks the file against that model: a variant or a
+    bottleneck given that the file contradicts is its one-line error."""
+    state = read_state_dict(path, f"{flag} {path}")
+    basis = state.get('down_block.C')  # (1, bottleneck_dim, n_embd)
+    told = basis.size(1) if basis is not None and basis.dim() == 3 else 32
+    return variant or params_variant(state), bottleneck_dim or told
 
 
 def read_state_dict(path, where):
@@ -81,7 +99,8 @@ def plain_param_names(state):
 
 
 def params_variant(state):
-    """Which variant a state_dict is, from the names only that variant has."""
+    """Which variant a state_dict (or a model's {name: shape}) is, from the names only that
+    variant has."""
     if 'down_block.C' in state:
         return 'perceiver'
     if 'blocks.0.attn.rope_cache' in state or (

@@ -119,7 +119,7 @@ def main(argv=None):
     try:
         plot(args.metrics, args.out)
     except files.UserError as e:
-        sys.exit(f"error: {e}")
+        sys.exit(files.report(e))
 
 
 if __name__ == '__main__':

@@ -20,11 +20,7 @@ and one whose params have changed since is made again. The table goes to results
 import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
 
 import argparse
-import contextlib
-import hashlib
-import json
 import os
-import shlex
 import sys
 import time
 
@@ -37,8 +33,7 @@ from london_baseline import london_baseline, write_accuracy  # noqa: E402
 import devices
 import distributed
 import files
-import metrics
-import resume
+import records
 
 SECOND_VARIANT = {
     '2021': ('synthesizer', []),
@@ -46,6 +41,24 @@ SECOND_VARIANT = {
     '2024': ('rope', []),
     '2025': ('rope', []),
 }
+
+
+def parse_args(argv):
+    argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
+    argp.add_argument('--outdir', default='.', help="where the results go (default: here)")
+    argp.add_argument(
+        '--max_epochs', type=run.positive(int), help="cap every training phase at this"
+    )
+    argp.add_argument('--seed', type=int, default=0)
+    devices.add_arguments(argp)
+    argp.add_argument(
+        '--edition',
+        choices=sorted(SECOND_VARIANT),
+        default='2021',
+        help="the handout edition to run (default 2021: vanilla and synthesizer)",
+    )
+    return argp.parse_args(argv)
 
 
 def phases(out, edition='2021'):
@@ -87,177 +100,13 @@ def phases(out, edition='2021'):
     return steps
 
 
-def check_made_with(planned, record):
-    """Refuses, before any work, outputs (or the states of their interrupted runs) that a
-    command would skip or resume but that were made with other settings. planned: (record
-    key, output file, the settings this command makes it with) for each output."""
-    for key, output, made_with in planned:
-        recorded = record.get(key, {}).get('made_with')
-        found = [path for path in (output, output + '.resume') if os.path.exists(path)]
-        if found and recorded is not None and recorded != made_with:
-            raise files.UserError(
-                f"{found[0]} was made with other settings: {differences(recorded, made_with)}. "
-                f"Use another --outdir, or delete it to make it again with these settings"
-            )
-
-
-def differences(recorded, made_with):
-    """'max_epochs 1 (this command: the handout's)' for each setting that differs; a
-    setting that is a command line, by its flags."""
-    if isinstance(recorded, list) and isinstance(made_with, list):
-        recorded, made_with = flag_values(recorded), flag_values(made_with)
-    show = lambda value: "the handout's" if value is None else value
-    found = []
-    for key in {**recorded, **made_with}:
-        old, new = recorded.get(key), made_with.get(key)
-        if old == new:
-            continue
-        if isinstance(old, list) and isinstance(new, list):
-            found.append(differences(old, new))
-        else:
-            found.append(f"{key} {show(old)} (this command: {show(new)})")
-    return ', '.join(found)
-
-
-def flag_values(argv):
-    """{'--flag': value} of a command line (the words before its first flag by position)."""
-    values = {f'word {i + 1}': word for i, word in enumerate(argv) if not word.startswith('--')}
-    for i, word in enumerate(argv):
-        if word.startswith('--'):
-            has_value = i + 1 < len(argv) and not argv[i + 1].startswith('--')
-            values[word] = argv[i + 1] if has_value else 'on'
-            values.pop(f'word {i + 2}', None)
-    return values
-
-
-def input_digests(phase_argv):
-    """{path: md5} of the params files a phase reads: what its output was made from."""
-    digests = {}
-    for flag, path in zip(phase_argv, phase_argv[1:]):
-        if flag == '--reading_params_path' and os.path.exists(path):
-            with open(path, 'rb') as f:
-                digests[path] = hashlib.md5(f.read()).hexdigest()
-    return digests
-
-
-def run_phase(argv, output, corpus, overrides, device):
-    """Runs one run.py command in this process; evaluate returns (total, correct)."""
-    function, variant = argv[:2]
-    argv = argv + ['--device', device]
-    if function != 'evaluate':
-        argv = argv + overrides + (['--resume'] if os.path.exists(output + '.resume') else [])
-    return run_command([function, variant, corpus] + argv[2:])
-
-
-def run_command(argv):
-    """One run.py command (its arguments, the phase first) in this process, checked as
-    run.py checks it: pretrain and finetune return their Trainer, evaluate (total, correct)."""
-    args = run.parse_args(argv)
-    run.check_args(args)
-    return run.PHASES[args.function](args)
-
-
-def read_record(path):
-    """The JSON record of a folder's phases, their settings and results ({} at first)."""
-    if not os.path.exists(path):
-        return {}
-    try:
-        with open(path, encoding='utf-8') as f:
-            return json.load(f)
-    except ValueError:
-        raise files.UserError(f"{path}: not JSON; move it away to start afresh") from None
-
-
-def write_record(path, record):
-    files.atomic_write(path, lambda f: f.write(json.dumps(record, indent=1).encode('utf-8')))
-
-
-@contextlib.contextmanager
-def one_line_stops(script, argv):
-    """What stops a command of many phases ends it with one line: a user's error or a
-    non-finite loss with 'error: ...' (exit 1), an interruption with the command that
-    continues it (exit 130)."""
-    try:
-        yield
-    except (files.UserError, metrics.NonFiniteLoss) as e:
-        sys.exit(f"error: {e}")
-    except (resume.TrainingInterrupted, KeyboardInterrupt) as e:
-        again = shlex.join(['python', script] + (sys.argv[1:] if argv is None else argv))
-        print(f"\n{str(e) or 'interrupted'}. To continue: {again}", file=sys.stderr)
-        sys.exit(130)
-
-
-def accuracy(total_correct):
-    total, correct = total_correct
-    return f"{correct / total * 100:.1f}% ({correct:.0f}/{total:.0f})" if total else "n/a"
-
-
-def write_table(results, settings, path, device):
-    lines = [
-        '# Results',
-        '',
-        f"Machine: {devices.describe(device)}",
-        f"Settings: {settings}",
-        '',
-        '| phase | dev accuracy | time |',
-        '|---|---|---|',
-    ]
-    for name, entry in results.items():
-        time_taken = (
-            run.format_seconds(entry['seconds'])
-            if entry.get('seconds') is not None
-            else 'earlier run'
-        )
-        lines.append(f"| {name} | {entry.get('accuracy', '')} | {time_taken} |")
-    files.atomic_write(path, lambda f: f.write(('\n'.join(lines) + '\n').encode('utf-8')))
-    return '\n'.join(lines)
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    if distributed.PROCESSES > 1:
-        sys.exit(
-            "error: reproduce.py runs in one process; for several GPUs, run the handout's "
-            "pretrain/finetune commands with torchrun (see README)"
-        )
-    with one_line_stops('src/reproduce.py', argv):
-        device = devices.pick_device(args.device)
-        results = run_all(args, device)
-    settings = (
-        f"the {args.edition} handout's, training precision "
-        f"{devices.training_precision(args.precision, device)}, seed {args.seed}"
-    )
-    if args.max_epochs:
-        settings += f", --max_epochs {args.max_epochs} for every training phase"
-    print()
-    print(write_table(results, settings, os.path.join(args.outdir, 'results.md'), device))
-
-
-def parse_args(argv):
-    argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
-    argp.add_argument('--outdir', default='.', help="where the results go (default: here)")
-    argp.add_argument(
-        '--max_epochs', type=run.positive(int), help="cap every training phase at this"
-    )
-    argp.add_argument('--seed', type=int, default=0)
-    devices.add_arguments(argp)
-    argp.add_argument(
-        '--edition',
-        choices=sorted(SECOND_VARIANT),
-        default='2021',
-        help="the handout edition to run (default 2021: vanilla and synthesizer)",
-    )
-    return argp.parse_args(argv)
-
-
 def run_all(args, device):
     """Every phase whose output is missing or stale, then the London baseline; returns the
     results record, which results.json keeps after every phase."""
     os.makedirs(args.outdir, exist_ok=True)
     record = os.path.join(args.outdir, 'results.json')
-    results = read_record(record)
-    save = lambda: write_record(record, results)
+    results = records.read_record(record)
+    save = lambda: records.write_record(record, results)
     made_with = {
         'edition': args.edition,
         'seed': args.seed,
@@ -266,7 +115,7 @@ def run_all(args, device):
         'pretrain_corpus': os.path.basename(args.pretrain_corpus_path),
     }
     steps = phases(args.outdir, args.edition)
-    check_made_with([(name, output, made_with) for name, _, output in steps], results)
+    records.check_made_with([(name, output, made_with) for name, _, output in steps], results)
     for name, phase_argv, output in steps:
         inputs = input_digests(phase_argv)
         if os.path.exists(output) and results.get(name, {}).get('inputs', inputs) == inputs:
@@ -297,6 +146,70 @@ def overrides(args):
     """The flags this command passes on to every training phase."""
     flags = ['--seed', str(args.seed), '--precision', args.precision]
     return flags + (['--max_epochs', str(args.max_epochs)] if args.max_epochs else [])
+
+
+def input_digests(phase_argv):
+    """{path: md5} of the params files a phase reads: what its output was made from."""
+    return {
+        path: records.md5(path)
+        for flag, path in zip(phase_argv, phase_argv[1:])
+        if flag == '--reading_params_path' and os.path.exists(path)
+    }
+
+
+def run_phase(argv, output, corpus, overrides, device):
+    """Runs one run.py command in this process; evaluate returns (total, correct)."""
+    function, variant = argv[:2]
+    argv = argv + ['--device', device]
+    if function != 'evaluate':
+        argv = argv + overrides + (['--resume'] if os.path.exists(output + '.resume') else [])
+    return records.run_command([function, variant, corpus] + argv[2:])
+
+
+def accuracy(total_correct):
+    total, correct = total_correct
+    return f"{correct / total * 100:.1f}% ({correct:.0f}/{total:.0f})" if total else "n/a"
+
+
+def write_table(results, settings, path, device):
+    lines = [
+        '# Results',
+        '',
+        f"Machine: {devices.describe(device)}",
+        f"Settings: {settings}",
+        '',
+        '| phase | dev accuracy | time |',
+        '|---|---|---|',
+    ]
+    for name, entry in results.items():
+        time_taken = (
+            run.format_seconds(entry['seconds'])
+            if entry.get('seconds') is not None
+            else 'earlier run'
+        )
+        lines.append(f"| {name} | {entry.get('accuracy', '')} | {time_taken} |")
+    files.atomic_write(path, lambda f: f.write(('\n'.join(lines) + '\n').encode('utf-8')))
+    return '\n'.join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    with records.one_line_stops('src/reproduce.py', argv):
+        if distributed.PROCESSES > 1:
+            raise files.UserError(
+                "reproduce.py runs in one process; for several GPUs, run the handout's "
+                "pretrain/finetune commands with torchrun (see README)"
+            )
+        device = devices.pick_device(args.device)
+        results = run_all(args, device)
+    settings = (
+        f"the {args.edition} handout's, training precision "
+        f"{devices.training_precision(args.precision, device)}, seed {args.seed}"
+    )
+    if args.max_epochs:
+        settings += f", --max_epochs {args.max_epochs} for every training phase"
+    print()
+    print(write_table(results, settings, os.path.join(args.outdir, 'results.md'), device))
 
 
 if __name__ == '__main__':

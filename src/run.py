@@ -17,7 +17,6 @@ training starts.
 import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
 
 import argparse
-import functools
 import os
 import shlex
 import sys
@@ -184,7 +183,7 @@ def finetune(args):
     gpt = build_model(args, pretrain_dataset)
     phase = 'finetune'
     if args.reading_params_path:
-        gpt.load_state_dict(read_params(args, pretrain_dataset.vocab_size))
+        gpt.load_state_dict(args.params)  # read and checked by check_args
         phase = 'finetune from pretrained'
     finetune_methods.apply(gpt, args.finetune_method, **finetune_methods.settings(args))
     names = dataset.NameDataset(pretrain_dataset, files.read_text(args.finetune_corpus_path))
@@ -196,8 +195,7 @@ def evaluate(args):
     prints the accuracy when the file has gold places. Returns (total, correct)."""
     pretrain_dataset = load_pretrain_dataset(args)
     gpt = build_model(args, pretrain_dataset)
-    state = read_params(args, pretrain_dataset.vocab_size)
-    if load_into(gpt, state):
+    if load_into(gpt, args.params):
         print(
             f"{args.reading_params_path}: evaluating with its adapters (--finetune_method adapter)"
         )
@@ -255,9 +253,15 @@ def model_config(variant, vocab_size, bottleneck_dim):
     )
 
 
+def model_name(variant):
+    """The variant's model at the assignment's size, as the params checks name it."""
+    return f"a {variant} model with {MODEL_SIZE} and block size {BLOCK_SIZE}"
+
+
 def load_into(gpt, state):
-    """Loads a params state_dict into gpt, adding the adapters it holds first, if any
-    (params finetuned with --finetune_method adapter). Returns whether it held adapters."""
+    """Loads a params state_dict (check_args's args.params) into gpt, adding the adapters it
+    holds first, if any (params finetuned with --finetune_method adapter). Returns whether
+    it held adapters."""
     size = finetune_methods.adapter_size(state)
     if size is not None:
         finetune_methods.add_adapters(gpt, size)
@@ -348,7 +352,9 @@ def format_seconds(seconds):
 
 
 def check_args(args):
-    """Everything that can be checked before any work (checks.py); raises UserError."""
+    """Everything that can be checked before any work (checks.py); raises UserError. The
+    params of --reading_params_path are read here, once, and kept for the phase in
+    args.params (None without the flag)."""
     checks.check_flags(args, BLOCK_SIZE, EDITIONS[args.edition]['pretrain_padded_length'])
     distributed.check_launch(args.function, devices.pick_device(args.device))
     vocab = checks.check_corpus(args.pretrain_corpus_path)
@@ -356,43 +362,17 @@ def check_args(args):
         checks.check_tsv(args.finetune_corpus_path, vocab, BLOCK_SIZE, training=True)
     if args.function == 'evaluate':
         checks.check_tsv(args.eval_corpus_path, vocab, BLOCK_SIZE, training=False)
-    state = read_params(args, len(vocab) + 2) if args.reading_params_path else None
-    checks.check_finetune_method(args, state)
+    args.params = None
+    if args.reading_params_path:
+        # loaded into a model built for the check alone, with the random state put back
+        # after its initialisation: checking changes nothing that a seeded run draws
+        with torch.random.fork_rng(devices=[]):
+            gpt = new_model(args.variant, len(vocab) + 2, args.bottleneck_dim)
+            args.params = params_files.load_params(
+                args.reading_params_path, gpt, args.pretrain_corpus_path, model_name(args.variant)
+            )
+    checks.check_finetune_method(args, args.params)
     checks.check_outputs(args)
-
-
-def read_params(args, vocab_size):
-    """The params of --reading_params_path, checked to fit this command's model."""
-    return load_params(
-        args.reading_params_path,
-        args.variant,
-        vocab_size,
-        args.pretrain_corpus_path,
-        args.bottleneck_dim,
-    )
-
-
-def load_params(path, variant, vocab_size, corpus_path, bottleneck_dim=32):
-    """The state_dict in `path`, checked to fit a `variant` model of the assignment's size
-    for the vocabulary of corpus_path (vocab_size symbols); see params_files.load_params."""
-    model_name = f"a {variant} model with {MODEL_SIZE} and block size {BLOCK_SIZE}"
-
-    def shapes(state):  # of the model the file is for: with its adapters, if it has any
-        return state_shapes(
-            variant, vocab_size, bottleneck_dim, finetune_methods.adapter_size(state)
-        )
-
-    return params_files.load_params(path, variant, shapes, corpus_path, model_name)
-
-
-@functools.lru_cache  # check_args and the phase both load the params
-def state_shapes(variant, vocab_size, bottleneck_dim, adapter_size=None):
-    # its initialisation must not move the seeded random state
-    with torch.random.fork_rng(devices=[]):
-        gpt = new_model(variant, vocab_size, bottleneck_dim)
-        if adapter_size is not None:
-            finetune_methods.add_adapters(gpt, adapter_size)
-    return {name: tensor.shape for name, tensor in gpt.state_dict().items()}
 
 
 def main(argv=None):
@@ -405,8 +385,7 @@ def main(argv=None):
         check_args(args)
         PHASES[args.function](args)
     except files.UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        status = 2
+        status = files.report(e)
     except resume.TrainingInterrupted as e:
         print(f"\n{e}. To continue: {continue_command(args, argv)}", file=sys.stderr)
         status = 130

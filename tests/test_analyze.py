@@ -157,6 +157,28 @@ def test_the_command_reports_and_writes_json(params, capsys):
     assert len(report['invented people']['answers']) == 3
 
 
+def test_the_variant_and_bottleneck_are_the_params_files(params, capsys):
+    """The perceiver's params (bottleneck 64) without --variant or --bottleneck_dim; a flag
+    that the file contradicts is one line."""
+    write(params / 'dev.predictions', 'London\nParis\n\nRome\n')
+    perceiver = str(params / 'perceiver.params')
+    argv = [
+        str(params / 'dev.predictions'), '--eval_corpus_path', str(params / 'dev.tsv'),
+        '--pretrain_corpus_path', str(params / 'wiki.txt'), '--finetune_corpus_path',
+        str(params / 'train.tsv'), '--params', perceiver, '--invented', '2', '--device', 'cpu',
+    ]  # fmt: skip
+    analyze.main(argv)
+    assert 'invented people (2)' in capsys.readouterr().out
+    for flags, message in (
+        (['--variant', 'rope'], 'holds a perceiver model, but the variant is rope'),
+        (['--bottleneck_dim', '32'], 'made with --bottleneck_dim 64, but the flag is 32'),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            analyze.main(argv + flags)
+        assert stop.value.code == 2
+        assert capsys.readouterr().err == f"error: --reading_params_path {perceiver}: {message}\n"
+
+
 @pytest.mark.parametrize('predictions, tsv_text, message', [
     ('London\n', None, r"dev.predictions: 1 predictions for the 5 questions of .*dev.tsv$"),
     (None, 'Where was Ada born?\n', r"dev.tsv, line 1: expected 'question<TAB>place'$"),
@@ -172,9 +194,10 @@ def test_mismatched_files_are_one_clear_line(folder, capsys, predictions, tsv_te
             '--pretrain_corpus_path', str(folder / 'wiki.txt'),
             '--finetune_corpus_path', str(folder / 'train.tsv'),
         ])  # fmt: skip
-    assert str(stop.value.code).startswith('error: ')
-    assert len(str(stop.value.code).splitlines()) == 1
-    assert re.search(message, str(stop.value.code)), stop.value.code
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith('error: ')
+    assert len(err.splitlines()) == 1
+    assert re.search(message, err), err
 
 
 def test_reports_side_by_side_a_table_and_a_picture(tmp_path, capsys):
@@ -196,8 +219,8 @@ def test_reports_side_by_side_a_table_and_a_picture(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         analyze.main([str(tmp_path / 'r.json'), str(tmp_path / 'no_params.json'),
                       '--coverage_plot', str(tmp_path / 'c.png')])  # fmt: skip
-    assert str(stop.value.code).endswith(
-        "no_params.json: not a report of analyze.py --params ... --json"
+    assert stop.value.code == 2 and capsys.readouterr().err.endswith(
+        "no_params.json: not a report of analyze.py --params ... --json\n"
     )
     pytest.importorskip('matplotlib', reason='the picture needs matplotlib, an optional install')
     capsys.readouterr()

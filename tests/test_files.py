@@ -1,13 +1,17 @@
 """files.py: input text checked and read as the original's text mode read it, bare names
-found in data/, and files written whole, with the user's usual mode, or not at all."""
+found in data/, files written whole, with the user's usual mode, or not at all, and a
+user error ended alike by every script: one line and exit status 2."""
 
 import os
+import re
 import stat
+import subprocess
 
 import pytest
 import torch
 
 import files
+from conftest import PYTHON, ROOT
 
 
 def test_interrupted_save_leaves_the_old_file_whole(tmp_path):
@@ -67,3 +71,34 @@ def test_written_files_get_the_users_usual_mode(tmp_path, umask, mode):
         os.umask(old)
     if os.name == 'posix':
         assert stat.S_IMODE((tmp_path / 'model.params').stat().st_mode) == mode
+
+
+# (script, its arguments, files to write first, the error's one line): a user error in each
+USER_ERRORS = [
+    ('src/run.py', ['evaluate', 'vanilla', 'wiki.txt'], {},
+     r'evaluate needs --reading_params_path'),
+    ('src/reproduce.py', ['--outdir', 'out'], {'out/results.json': '{'},
+     r'out/results.json: not JSON; move it away to start afresh'),
+    ('src/grid.py', ['--outdir', 'empty'], {}, r'empty: no finished runs yet \(give --pretrained\)'),
+    ('src/analyze.py', ['missing.predictions', '--eval_corpus_path', 'dev.tsv'], {},
+     r'missing.predictions: cannot read: .*'),
+    ('src/bench.py', ['--params', 'missing.params'], {},
+     r'--reading_params_path missing.params: no such file'),
+    ('src/plot.py', ['missing.csv'], {}, r'.+'),  # no such file, or no matplotlib
+    ('london_baseline.py', ['test.tsv'], {}, r'test.tsv has no gold places to compare with'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize('script, argv, inputs, line', USER_ERRORS, ids=[c[0] for c in USER_ERRORS])
+def test_every_script_ends_a_user_error_with_one_line_and_exit_status_2(
+    tiny, script, argv, inputs, line
+):
+    for name, text in inputs.items():
+        (tiny / name).parent.mkdir(exist_ok=True)
+        (tiny / name).write_text(text)
+    device = ['--device', 'cpu'] if script != 'london_baseline.py' and 'plot' not in script else []
+    result = subprocess.run(
+        [PYTHON, str(ROOT / script), *argv, *device], cwd=tiny, capture_output=True, text=True
+    )
+    assert result.returncode == 2, result.stderr
+    assert re.fullmatch(rf'error: {line}\n', result.stderr), result.stderr

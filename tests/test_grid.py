@@ -5,6 +5,7 @@ what exists and refuses what was made with other settings."""
 import csv
 import json
 import math
+import re
 import statistics
 
 import pytest
@@ -62,9 +63,13 @@ def test_grid_runs_reports_and_skips_what_exists(params, monkeypatch, capsys):
     assert (params / 'g' / 'grid.md').read_text() == table
 
     # other settings for the same outputs: refused before any work
-    with pytest.raises(SystemExit, match=r'^error: g/vanilla.full.s0.params was made with other '
-                       r'settings: --max_epochs 1 \(this command: 2\)\. Use another'):  # fmt: skip
+    with pytest.raises(SystemExit) as stopped:
         grid.main(GRID[:-2] + ['--max_epochs', '2', '--device', 'cpu'])
+    assert stopped.value.code == 2 and re.match(
+        r'^error: g/vanilla.full.s0.params was made with other settings: --max_epochs 1 '
+        r'\(this command: 2\)\. Use another',
+        capsys.readouterr().err,
+    )
 
 
 def test_a_bad_method_is_one_line(capsys):
@@ -107,8 +112,10 @@ def test_the_table_and_picture_again_from_the_record(tmp_path, capsys):
     grid.main(['--outdir', str(tmp_path), '--plot', str(tmp_path / 'grid.png')])
     assert '20.0 ± 10.0' in (tmp_path / 'grid.md').read_text()
     assert (tmp_path / 'grid.png').stat().st_size > 1000
-    with pytest.raises(SystemExit, match='no finished runs yet'):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
         grid.main(['--outdir', str(tmp_path / 'empty')])
+    assert stopped.value.code == 2 and 'no finished runs yet' in capsys.readouterr().err
 
 
 def test_the_picture_has_a_line_per_recipe_through_lora_and_full(monkeypatch, tmp_path):

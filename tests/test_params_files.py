@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import files
+import finetune_methods
 import params_files
 import run
 from conftest import PYTHON, main
@@ -195,23 +196,42 @@ def test_a_trusted_file_converts_with_the_printed_command(params, capsys):
     )
 
 
-def test_loading_params_leaves_the_seeded_random_state_alone(params):
-    """finetune seeds, builds the model, then loads the params: the check must not draw."""
-    import dataset
+def test_params_load_in_one_call_into_the_model_they_are_checked_against(params):
+    """One call reads the file, checks it against the model's state_dict and loads it; the
+    adapters a file holds are added to the model first."""
+    plain = torch.load(params / 'vanilla.params', weights_only=True)
+    gpt = run.new_model('vanilla', len(plain['tok_emb.weight']))
+    state = params_files.load_params(
+        str(params / 'vanilla.params'), gpt, 'wiki.txt', run.model_name('vanilla')
+    )
+    assert all(torch.equal(state[k], plain[k]) and torch.equal(gpt.state_dict()[k], plain[k])
+               for k in plain)  # fmt: skip
+    finetune_methods.add_adapters(gpt, 4)
+    torch.save(gpt.state_dict(), params / 'adapters.params')
+    fresh = run.new_model('vanilla', len(plain['tok_emb.weight']))
+    params_files.load_params(
+        str(params / 'adapters.params'), fresh, 'wiki.txt', run.model_name('vanilla')
+    )
+    assert finetune_methods.adapter_size(fresh.state_dict()) == 4
 
-    vocab_size = dataset.CharCorruptionDataset(
-        (params / 'wiki.txt').read_text(encoding='utf-8'), 128
-    ).vocab_size
+
+def test_checking_params_leaves_the_seeded_random_state_alone(params, monkeypatch):
+    """check_args loads the params (here with adapters) into a model built for the check:
+    building it must not draw from a seeded random state. The phase gets what it read."""
+    state = torch.load(params / 'synthesizer.params', weights_only=True)
+    gpt = run.new_model('synthesizer', len(state['tok_emb.weight']))
+    finetune_methods.add_adapters(gpt, 4)
+    torch.save(gpt.state_dict(), params / 'adapters.params')
+    monkeypatch.chdir(params)
+    args = run.parse_args(
+        ['evaluate', 'synthesizer', 'wiki.txt', '--reading_params_path', 'adapters.params',
+         '--eval_corpus_path', 'dev.tsv', '--outputs_path', 'o', '--device', 'cpu']
+    )  # fmt: skip
     torch.manual_seed(0)
     before = torch.get_rng_state()
-    state = run.load_params(
-        str(params / 'synthesizer.params'), 'synthesizer', vocab_size, 'wiki.txt'
-    )
+    run.check_args(args)
     assert torch.equal(before, torch.get_rng_state())
-    assert all(
-        torch.equal(state[k], v)
-        for k, v in torch.load(params / 'synthesizer.params', weights_only=True).items()
-    )
+    assert all(torch.equal(args.params[k], v) for k, v in gpt.state_dict().items())
 
 
 def test_params_from_wrapped_or_gpu_models_load_as_plain_ones(params, monkeypatch):
@@ -231,8 +251,9 @@ def test_params_from_wrapped_or_gpu_models_load_as_plain_ones(params, monkeypatc
         with pytest.raises(RuntimeError, match='CUDA'):
             torch.load(params / 'gpu.params', weights_only=True)
     for name in ('dp', 'compiled', 'both', 'gpu'):
-        loaded = run.load_params(
-            str(params / f'{name}.params'), 'vanilla', len(plain['tok_emb.weight']), 'wiki.txt'
+        gpt = run.new_model('vanilla', len(plain['tok_emb.weight']))
+        loaded = params_files.load_params(
+            str(params / f'{name}.params'), gpt, 'wiki.txt', run.model_name('vanilla')
         )
         assert loaded.keys() == plain.keys() and all(
             torch.equal(loaded[k], plain[k]) for k in plain
@@ -273,3 +294,13 @@ def test_check_state_dict_finds_every_non_finite_value_and_only_those():
     ):
         with pytest.raises(files.UserError, match=rf"^f: 'w' has {bad} non-finite value"):
             params_files.check_state_dict({'w': torch.tensor(values)}, expected, 'f', 'm')
+
+
+def test_the_variant_and_bottleneck_are_told_from_the_file(params):
+    for variant in ('vanilla', 'synthesizer', 'rope', 'perceiver'):
+        told = params_files.variant_and_bottleneck(str(params / f'{variant}.params'))
+        assert told == (variant, 64 if variant == 'perceiver' else 32)
+    # those given are kept, for load_params to check against the file
+    path = str(params / 'perceiver.params')
+    assert params_files.variant_and_bottleneck(path, 'rope', 16) == ('rope', 16)
+    assert params_files.variant_and_bottleneck(path, bottleneck_dim=16) == ('perceiver', 16)

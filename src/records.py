@@ -1,0 +1,121 @@
+"""What the commands of many phases (reproduce.py, grid.py) share: each phase is a run.py
+command run in this process; a JSON record beside the outputs keeps what each output
+was made with (its settings, the md5 of the params it was made from, the code's commit),
+so that the same command run again skips what exists and refuses, before any work, an
+output made with other settings; and whatever stops the command ends it with one line.
+"""
+
+import contextlib
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import files
+import metrics
+import resume
+import run
+
+
+def run_command(argv):
+    """One run.py command (its arguments, the phase first) in this process, checked as
+    run.py checks it: pretrain and finetune return their Trainer, evaluate (total, correct)."""
+    args = run.parse_args(argv)
+    run.check_args(args)
+    return run.PHASES[args.function](args)
+
+
+def read_record(path):
+    """The JSON record of a folder's phases, their settings and results ({} at first)."""
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding='utf-8') as f:
+            return json.load(f)
+    except ValueError:
+        raise files.UserError(f"{path}: not JSON; move it away to start afresh") from None
+
+
+def write_record(path, record):
+    files.atomic_write(path, lambda f: f.write(json.dumps(record, indent=1).encode('utf-8')))
+
+
+def check_made_with(planned, record):
+    """Refuses, before any work, outputs (or the states of their interrupted runs) that a
+    command would skip or resume but that were made with other settings. planned: (record
+    key, output file, the settings this command makes it with) for each output."""
+    for key, output, made_with in planned:
+        recorded = record.get(key, {}).get('made_with')
+        found = [path for path in (output, output + '.resume') if os.path.exists(path)]
+        if found and recorded is not None and recorded != made_with:
+            raise files.UserError(
+                f"{found[0]} was made with other settings: {differences(recorded, made_with)}. "
+                f"Use another --outdir, or delete it to make it again with these settings"
+            )
+
+
+def differences(recorded, made_with):
+    """'max_epochs 1 (this command: the handout's)' for each setting that differs; a
+    setting that is a command line, by its flags."""
+    if isinstance(recorded, list) and isinstance(made_with, list):
+        recorded, made_with = flag_values(recorded), flag_values(made_with)
+    show = lambda value: "the handout's" if value is None else value
+    found = []
+    for key in {**recorded, **made_with}:
+        old, new = recorded.get(key), made_with.get(key)
+        if old == new:
+            continue
+        if isinstance(old, list) and isinstance(new, list):
+            found.append(differences(old, new))
+        else:
+            found.append(f"{key} {show(old)} (this command: {show(new)})")
+    return ', '.join(found)
+
+
+def flag_values(argv):
+    """{'--flag': value} of a command line (the words before its first flag by position)."""
+    values = {f'word {i + 1}': word for i, word in enumerate(argv) if not word.startswith('--')}
+    for i, word in enumerate(argv):
+        if word.startswith('--'):
+            has_value = i + 1 < len(argv) and not argv[i + 1].startswith('--')
+            values[word] = argv[i + 1] if has_value else 'on'
+            values.pop(f'word {i + 2}', None)
+    return values
+
+
+def md5(path):
+    """The md5 of the file's bytes, as the record keeps the params an output was made from."""
+    with open(path, 'rb') as f:
+        return hashlib.md5(f.read()).hexdigest()
+
+
+def commit():
+    """The code's git commit (with '+changes' when the tree differs from it), or None."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    git = lambda *a: subprocess.run(['git', *a], cwd=here, capture_output=True, text=True)
+    try:
+        head, changes = git('rev-parse', 'HEAD'), git('status', '--porcelain', '-uno')
+    except OSError:
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ('+changes' if changes.stdout.strip() else '')
+
+
+@contextlib.contextmanager
+def one_line_stops(script, argv):
+    """What stops a command of many phases ends it with one line: a user's error as every
+    script ends it (files.report, exit 2), a non-finite loss with 'error: ...' (exit 1),
+    an interruption with the command that continues it (exit 130)."""
+    try:
+        yield
+    except files.UserError as e:
+        sys.exit(files.report(e))
+    except metrics.NonFiniteLoss as e:
+        sys.exit(f"error: {e}")
+    except (resume.TrainingInterrupted, KeyboardInterrupt) as e:
+        again = shlex.join(['python', script] + (sys.argv[1:] if argv is None else argv))
+        print(f"\n{str(e) or 'interrupted'}. To continue: {again}", file=sys.stderr)
+        sys.exit(130)

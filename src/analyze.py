@@ -163,7 +163,7 @@ def confidences(gpt, questions, answers, pretrain_dataset, batch_size=256):
     gpt.eval()
     device = next(gpt.parameters()).device
     stoi, mask = pretrain_dataset.stoi, pretrain_dataset.MASK_CHAR
-    room = gpt.get_block_size() - 2 - run.ANSWER_LENGTH
+    room = decoding.question_room(gpt.get_block_size(), run.ANSWER_LENGTH)
     rows = []
     for question, answer in zip(questions, answers):
         prompt = decoding.encode_question(question, pretrain_dataset, room).ids.tolist()

@@ -164,7 +164,7 @@ def model_flops(kept_positions, rows, n_embd=256, n_layer=4, vocab=256):
 def bench_evaluate(corpus, gpt, n_plain, device):
     gpt.to(device).eval()
     questions = files.read_lines('birth_dev.tsv')
-    room = run.BLOCK_SIZE - 2 - run.ANSWER_LENGTH
+    room = decoding.question_room(run.BLOCK_SIZE, run.ANSWER_LENGTH)
     prompts = [decoding.encode_question(q.split('\t')[0], corpus, room).ids for q in questions]
     mask = corpus.stoi[corpus.MASK_CHAR]
 
@@ -225,7 +225,7 @@ def report_pretraining(args, corpus, precision, device):
     )
     if args.variant in ('vanilla', 'rope'):
         flops = model_flops(sum(rows), rows)
-        dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(precision, torch.float32)
+        dtype = devices.autocast_dtype(precision) or torch.float32
         peak = matmul_peak(dtype, device)
         print(
             f"  model FLOP/s (ours): {flops / ours / 1e9:.0f} GFLOP/s = "

@@ -17,7 +17,7 @@ def answer_questions(model, questions, pretrain_dataset, answer_length, where):
     """The greedy answer to each question: what the model writes between the question's
     MASK and the next one, in at most answer_length characters. `where` names the
     questions' file in warnings."""
-    room = model.get_block_size() - 2 - answer_length  # the synthesizer has block_size-1
+    room = question_room(model.get_block_size(), answer_length)
     prompts = [encode_question(q, pretrain_dataset, room) for q in questions]
     warn_about_questions(prompts, where, room)
     mask = pretrain_dataset.MASK_CHAR
@@ -70,6 +70,12 @@ def _greedy_batch(model, x, steps, stop_id):
     for row in generated.tolist():
         result.append(row[: row.index(stop_id) + 1] if stop_id in row else row)
     return result
+
+
+def question_room(block_size, answer_length):
+    """How many characters of a question fit: the block less the MASK after it, the
+    answer, and one more, as the synthesizer has block_size-1 positions."""
+    return block_size - 2 - answer_length
 
 
 class Question(NamedTuple):

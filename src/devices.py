@@ -73,6 +73,11 @@ PRECISION_NAMES = {
 }
 
 
+def autocast_dtype(precision):
+    """The dtype a precision autocasts to: None for fp32, which does not autocast."""
+    return {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(precision)
+
+
 def training_precision(choice, device):
     """The precision to train in: `choice`, or for auto, bf16 where `device` has it natively."""
     if choice != 'auto':

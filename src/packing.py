@@ -72,6 +72,11 @@ def target_lengths(targets):
     return (positions * (targets != 0)).amax(dim=1)  # (B,)
 
 
+def target_count(targets):
+    """How many targets of a (B, T) batch count: those that are not PAD."""
+    return int((targets != 0).sum())
+
+
 def padded_groups(packing, *tensors):
     """The groups attention runs on: without packing, the (B, T, C) tensors as they are;
     packed (N, C) tensors, as padded (b, width, C) rows, group by group."""

@@ -113,6 +113,7 @@ def load(path, trainer):
     check_state_fits(state, trainer.state_dict(), where)
     try:
         trainer.load_state_dict(state)
+        check_optimizer(trainer.optimizer)
     except DAMAGE as e:
         detail = str(e).strip().split('\n')[0] or type(e).__name__
         raise files.UserError(f"{where}: damaged ({detail})")
@@ -171,6 +172,19 @@ def check_state_fits(state, current, where):
         )
     shapes = {name: tensor.shape for name, tensor in current['model'].items()}
     params_files.check_state_dict(state['model'], shapes, where, "this run's model")
+
+
+def check_optimizer(optimizer):
+    """Each moment the loaded optimizer holds has its parameter's shape: a damaged state
+    can load and not fit."""
+    for group in optimizer.param_groups:
+        for p in group['params']:
+            for name, value in optimizer.state[p].items():
+                if torch.is_tensor(value) and value.dim() and value.shape != p.shape:
+                    raise ValueError(
+                        f"optimizer {name} of shape {tuple(value.shape)} for a parameter of "
+                        f"shape {tuple(p.shape)}"
+                    )
 
 
 def torch_rng_state(device):

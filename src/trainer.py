@@ -23,7 +23,7 @@ import files
 import metrics
 import params_files
 import resume
-from packing import Packing, target_lengths
+from packing import Packing, target_count, target_lengths
 
 
 class TrainerConfig:
@@ -209,7 +209,7 @@ class Trainer:
             with self.autocast():
                 return self.model(x, y, packing=packing)[1]
         rows, share = distributed.shard_rows(lengths, self.rank, self.world_size)
-        n_targets = int((y != 0).sum()) / self.world_size
+        n_targets = target_count(y) / self.world_size
         packing = Packing(lengths[rows], device=self.device)
         x, y = self.to_device(x[rows], y[rows])
         with self.autocast():
@@ -232,7 +232,7 @@ class Trainer:
         return [devices.to_device(t, self.device) for t in tensors]
 
     def autocast(self):
-        dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(self.config.precision)
+        dtype = devices.autocast_dtype(self.config.precision)
         return torch.autocast(self.device, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
     def tokens_per_s(self, steps, T):
@@ -286,12 +286,6 @@ class Trainer:
     def load_state_dict(self, state):
         self.model.load_state_dict(state['model'])
         self.optimizer.load_state_dict(state['optimizer'])
-        for group in self.optimizer.param_groups:  # a damaged state can load and not fit
-            for p in group['params']:
-                for name, value in self.optimizer.state[p].items():
-                    if torch.is_tensor(value) and value.dim() and value.shape != p.shape:
-                        raise ValueError(f"optimizer {name} of shape {tuple(value.shape)} for "
-                                         f"a parameter of shape {tuple(p.shape)}")  # fmt: skip
         if state['scaler']:
             self.scaler.load_state_dict(state['scaler'])
         self.epoch, self.step = state['epoch'], state['step']

@@ -297,10 +297,12 @@ def load_model(args, corpus):
     variant and bottleneck are the file's where --variant and --bottleneck_dim leave them out."""
     pretrain_dataset = dataset.CharCorruptionDataset(corpus, run.BLOCK_SIZE)
     variant, bottleneck_dim = params_files.variant_and_bottleneck(
-        args.params, args.variant, args.bottleneck_dim
+        args.params, args.variant, args.bottleneck_dim, '--params'
     )
     gpt = run.new_model(variant, pretrain_dataset.vocab_size, bottleneck_dim)
-    params_files.load_params(args.params, gpt, args.pretrain_corpus_path, run.model_name(variant))
+    params_files.load_params(
+        args.params, gpt, args.pretrain_corpus_path, run.model_name(variant), '--params'
+    )
     return gpt.to(devices.pick_device(args.device)), pretrain_dataset
 
 

@@ -91,10 +91,10 @@ def decoding_model(args, corpus):
         args.variant, args.bottleneck_dim = args.variant or 'vanilla', args.bottleneck_dim or 32
         return make_model(corpus.vocab_size, False, args.variant, args.bottleneck_dim)
     args.variant, args.bottleneck_dim = params_files.variant_and_bottleneck(
-        args.params, args.variant, args.bottleneck_dim
+        args.params, args.variant, args.bottleneck_dim, '--params'
     )
     gpt = make_model(corpus.vocab_size, False, args.variant, args.bottleneck_dim)
-    params_files.load_params(args.params, gpt, 'wiki.txt', run.model_name(args.variant))
+    params_files.load_params(args.params, gpt, 'wiki.txt', run.model_name(args.variant), '--params')
     return gpt
 
 

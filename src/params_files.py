@@ -19,14 +19,15 @@ KEEP_TENSORS = (
 )
 
 
-def load_params(path, gpt, corpus_path, model_name):
+def load_params(path, gpt, corpus_path, model_name, flag='--reading_params_path'):
     """Loads the state_dict in `path` into gpt, a model (`model_name` in the messages) for
     the vocabulary of corpus_path, adding first the adapters the file holds, if any (params
     finetuned with --finetune_method adapter). The file is loaded without running anything
     in it (tensors and plain values only) and checked to hold a model of gpt's variant with
-    exactly the names and shapes of gpt's state_dict. Any problem is one UserError line.
+    exactly the names and shapes of gpt's state_dict. Any problem is one UserError line,
+    naming `flag`.
     Returns the state_dict."""
-    where = f"--reading_params_path {path}"
+    where = f"{flag} {path}"
     state = read_state_dict(path, where)
     size = finetune_methods.adapter_size(state)
     if size is not None:

@@ -176,7 +176,7 @@ def test_the_variant_and_bottleneck_are_the_params_files(params, capsys):
         with pytest.raises(SystemExit) as stop:
             analyze.main(argv + flags)
         assert stop.value.code == 2
-        assert capsys.readouterr().err == f"error: --reading_params_path {perceiver}: {message}\n"
+        assert capsys.readouterr().err == f"error: --params {perceiver}: {message}\n"
 
 
 @pytest.mark.parametrize('predictions, tsv_text, message', [

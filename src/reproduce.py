@@ -35,13 +35,6 @@ import distributed
 import files
 import records
 
-SECOND_VARIANT = {
-    '2021': ('synthesizer', []),
-    '2023': ('perceiver', ['--bottleneck_dim', '64']),
-    '2024': ('rope', []),
-    '2025': ('rope', []),
-}
-
 
 def parse_args(argv):
     argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
@@ -54,7 +47,7 @@ def parse_args(argv):
     devices.add_arguments(argp)
     argp.add_argument(
         '--edition',
-        choices=sorted(SECOND_VARIANT),
+        choices=sorted(run.EDITIONS),
         default='2021',
         help="the handout edition to run (default 2021: vanilla and synthesizer)",
     )
@@ -64,7 +57,7 @@ def parse_args(argv):
 def phases(out, edition='2021'):
     """(name, run.py arguments after the corpus, output file) in the handout's order;
     outputs go to the folder `out`, inputs are found as run.py finds them."""
-    variant, variant_flags = SECOND_VARIANT[edition]
+    variant, variant_flags = run.EDITIONS[edition]['second_variant']
     train = files.find_data_file('birth_places_train.tsv')
 
     def step(name, output, function, v, *flags):
@@ -137,7 +130,7 @@ def run_all(args, device):
         save()
     london = london_baseline('birth_dev.tsv')
     results['London baseline'] = {'accuracy': accuracy(london), 'seconds': 0}
-    if args.edition in ('2024', '2025'):  # their submission holds it
+    if run.EDITIONS[args.edition]['london_accuracy_file']:
         write_accuracy(*london, os.path.join(args.outdir, 'london_baseline_accuracy.txt'))
     return results
 

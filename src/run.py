@@ -55,12 +55,19 @@ PHASE_SETTINGS = {
 # pretrain_schedule_epochs epochs' tokens (finetuning's always after 200); span-corruption
 # strings are padded to pretrain_padded_length, so x and y are one shorter. The 2024/25
 # settings apply to vanilla too: a 2024/25 student passes --edition 2024 for vanilla.
+# second_variant: the one beside vanilla, with the flags its handout's commands pass;
+# london_accuracy_file: the submission holds the London baseline's accuracy.
 EDITIONS = {
-    '2021': dict(pretrain_schedule_epochs=200, pretrain_padded_length=BLOCK_SIZE),
-    '2023': dict(pretrain_schedule_epochs=200, pretrain_padded_length=BLOCK_SIZE),
-    '2024': dict(pretrain_schedule_epochs=650, pretrain_padded_length=BLOCK_SIZE + 1),
-    '2025': dict(pretrain_schedule_epochs=650, pretrain_padded_length=BLOCK_SIZE + 1),
-}
+    '2021': dict(pretrain_schedule_epochs=200, pretrain_padded_length=BLOCK_SIZE,
+                 second_variant=('synthesizer', []), london_accuracy_file=False),
+    '2023': dict(pretrain_schedule_epochs=200, pretrain_padded_length=BLOCK_SIZE,
+                 second_variant=('perceiver', ['--bottleneck_dim', '64']),
+                 london_accuracy_file=False),
+    '2024': dict(pretrain_schedule_epochs=650, pretrain_padded_length=BLOCK_SIZE + 1,
+                 second_variant=('rope', []), london_accuracy_file=True),
+    '2025': dict(pretrain_schedule_epochs=650, pretrain_padded_length=BLOCK_SIZE + 1,
+                 second_variant=('rope', []), london_accuracy_file=True),
+}  # fmt: skip
 VARIANT_EDITION = {'vanilla': '2021', 'synthesizer': '2021', 'perceiver': '2023', 'rope': '2024'}
 
 

@@ -8,8 +8,9 @@ position alone instead of from pairs of positions.
 CausalCrossAttention (2023 edition, the perceiver) takes keys/values from one sequence and
 queries from another; perceiver.py's DownProjectBlock and UpProjectBlock are built on it.
 
-Each forward() is the handout's computation, written out; where torch's fused kernel is
-faster (evaluation, GPUs), fused_attention computes the same. The self-attentions take,
+Each forward() is the handout's computation, written out; it is what trains on the CPU.
+Where torch's fused kernel is faster (evaluation, GPUs), fused_attention computes the same
+(tests/test_model.py holds the two equal). The self-attentions take,
 besides x, two optional arguments that make them faster without changing the result:
   packing  x holds only the positions that can change the loss, as (N, C) rows
            (packing.py); attention needs whole rows, so it runs on groups of padded rows.
@@ -131,7 +132,7 @@ class CausalSelfAttention(nn.Module):
         (x V_i) with a causal mask, the heads side by side, then the projection."""
         queries, keys, values = self.query(x), self.key(x), self.value(x)  # (B, T, C), or (N, C)
         ys = []
-        for q, k, v in padded_groups(packing, queries, keys, values):  # (B, T, C) each
+        for q, k, v in padded_groups(packing, queries, keys, values):  # each (b, T, C)
             q, k, v = (split_heads(z, self.n_head) for z in (q, k, v))  # (B, nh, T, hs)
             past = 0 if cache is None else cache.past  # positions decoded before these
             if self.rope:  # rotated at their absolute positions, before joining cached keys
@@ -182,7 +183,7 @@ class SynthesizerAttention(nn.Module):
         (x V_i) with a causal mask, the heads side by side, then the projection."""
         hidden, values = F.relu(self.w1(x)), self.value(x)  # (B, T, C), or packed (N, C)
         ys = []
-        for a, v in padded_groups(packing, hidden, values):  # (B, T, C) each
+        for a, v in padded_groups(packing, hidden, values):  # each (b, T, C)
             a, v = split_heads(a, self.n_head), split_heads(v, self.n_head)  # (B, nh, T, hs)
             past = 0 if cache is None else cache.past  # positions decoded before these
             if cache is not None:

@@ -5,10 +5,11 @@ The later editions' variants: rope (2024/25) drops the position embedding, as th
 attention rotates queries and keys instead (attention.py); the perceiver (2023) is a GPT
 with other blocks (perceiver.py).
 
-forward() is what training and evaluation both call: logits for every position, and the
-loss if targets are given. Two optional arguments make it faster without changing what it
-computes: the trainer's packing (only the positions that can affect the loss, packing.py)
-and the decoder's cache (keys and values of earlier positions, decoding.py).
+forward() is what training and evaluation both call: logits for every position (every
+kept one, with packing), and the loss if targets are given. Two optional arguments make it
+faster without changing what it computes: the trainer's packing (only the positions that
+can affect the loss, packing.py) and the decoder's cache (keys and values of earlier
+positions, decoding.py).
 """
 
 import torch
@@ -109,6 +110,7 @@ class GPT(nn.Module):
         packing (packing.Packing of the targets, as the trainer makes it): compute only the
         positions that can change the loss, as (N, C) rows; logits are then (N, vocab).
         cache (new_cache()): idx continues the sequence cached so far (greedy decoding)."""
+        assert packing is None or cache is None, "packing is for training, the cache for decoding"
         b, t = idx.size()
         past = cache[0].past if cache else 0
         assert past + t <= self.block_size, "Cannot forward, model block size is exhausted."

@@ -110,7 +110,7 @@ def load(path, trainer):
     """Restore into `trainer` the state in `path`, after checking that it is this run's."""
     where = f"--resume: {path}"
     state = read_state(path, where)
-    check_state_fits(state, trainer.state_dict(), where)
+    check_state_fits(state, trainer.settings(), trainer.model.state_dict(), where)
     try:
         trainer.load_state_dict(state)
         check_optimizer(trainer.optimizer)
@@ -140,9 +140,9 @@ def read_state(path, where):
     return state
 
 
-def check_state_fits(state, current, where):
-    """The state was saved by a run with the settings of this run (whose own state is
-    `current`), stopped where this run can continue, with a model of this run's shapes."""
+def check_state_fits(state, current, model_state, where):
+    """The state was saved by a run with this run's settings (current: Trainer.settings()),
+    stopped where this run can continue, with a model of model_state's shapes."""
     saved = {
         'finetune_method': 'full',  # states saved before there were other methods
         **state['config'],
@@ -170,7 +170,7 @@ def check_state_fits(state, current, where):
             f"{where}: damaged (epoch {state['epoch']}, step {state['step']} "
             f"do not exist in this run)"
         )
-    shapes = {name: tensor.shape for name, tensor in current['model'].items()}
+    shapes = {name: tensor.shape for name, tensor in model_state.items()}
     params_files.check_state_dict(state['model'], shapes, where, "this run's model")
 
 

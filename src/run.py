@@ -181,7 +181,7 @@ def pretrain(args):
     """Span-corruption pretraining on the corpus; writes --writing_params_path."""
     pretrain_dataset = load_pretrain_dataset(args)
     gpt = build_model(args, pretrain_dataset)
-    train(args, 'pretrain', gpt, pretrain_dataset, pretrain_dataset)
+    return train(args, 'pretrain', gpt, pretrain_dataset, pretrain_dataset)
 
 
 def finetune(args):
@@ -190,7 +190,7 @@ def finetune(args):
     gpt = build_model(args, pretrain_dataset)
     phase = 'finetune'
     if args.reading_params_path:
-        gpt.load_state_dict(args.params)  # read and checked by check_args
+        gpt.load_state_dict(args.reading_state)  # read and checked by check_args
         phase = 'finetune from pretrained'
     finetune_methods.apply(gpt, args.finetune_method, **finetune_methods.settings(args))
     names = dataset.NameDataset(pretrain_dataset, files.read_text(args.finetune_corpus_path))
@@ -202,7 +202,7 @@ def evaluate(args):
     prints the accuracy when the file has gold places. Returns (total, correct)."""
     pretrain_dataset = load_pretrain_dataset(args)
     gpt = build_model(args, pretrain_dataset)
-    if load_into(gpt, args.params):
+    if load_into(gpt, args.reading_state):
         print(
             f"{args.reading_params_path}: evaluating with its adapters (--finetune_method adapter)"
         )
@@ -266,9 +266,9 @@ def model_name(variant):
 
 
 def load_into(gpt, state):
-    """Loads a params state_dict (check_args's args.params) into gpt, adding the adapters it
-    holds first, if any (params finetuned with --finetune_method adapter). Returns whether
-    it held adapters."""
+    """Loads a params state_dict (check_args's args.reading_state) into gpt, adding the
+    adapters it holds first, if any (params finetuned with --finetune_method adapter).
+    Returns whether it held adapters."""
     size = finetune_methods.adapter_size(state)
     if size is not None:
         finetune_methods.add_adapters(gpt, size)
@@ -361,7 +361,7 @@ def format_seconds(seconds):
 def check_args(args):
     """Everything that can be checked before any work (checks.py); raises UserError. The
     params of --reading_params_path are read here, once, and kept for the phase in
-    args.params (None without the flag)."""
+    args.reading_state (None without the flag)."""
     checks.check_flags(args, BLOCK_SIZE, EDITIONS[args.edition]['pretrain_padded_length'])
     distributed.check_launch(args.function, devices.pick_device(args.device))
     vocab = checks.check_corpus(args.pretrain_corpus_path)
@@ -369,16 +369,16 @@ def check_args(args):
         checks.check_tsv(args.finetune_corpus_path, vocab, BLOCK_SIZE, training=True)
     if args.function == 'evaluate':
         checks.check_tsv(args.eval_corpus_path, vocab, BLOCK_SIZE, training=False)
-    args.params = None
+    args.reading_state = None
     if args.reading_params_path:
         # loaded into a model built for the check alone, with the random state put back
         # after its initialisation: checking changes nothing that a seeded run draws
         with torch.random.fork_rng(devices=[]):
             gpt = new_model(args.variant, len(vocab) + 2, args.bottleneck_dim)
-            args.params = params_files.load_params(
+            args.reading_state = params_files.load_params(
                 args.reading_params_path, gpt, args.pretrain_corpus_path, model_name(args.variant)
             )
-    checks.check_finetune_method(args, args.params)
+    checks.check_finetune_method(args, args.reading_state)
     checks.check_outputs(args)
 
 

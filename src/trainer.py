@@ -60,6 +60,9 @@ class TrainerConfig:
 
 
 class Trainer:
+    """Trains `model` as it is when given: a finetuning method is applied before (the
+    optimizer takes the parameters that train then)."""
+
     def __init__(self, model, train_dataset, test_dataset, config):
         self.train_dataset = train_dataset
         self.test_dataset = test_dataset
@@ -80,7 +83,7 @@ class Trainer:
         self.elapsed = 0.0  # seconds of training, an interrupted run's included
         self.resumed_elapsed = 0.0  # the interrupted run's share of elapsed
         self.start_time = time.time()  # when training started, less the elapsed time
-        self.first_step = 0  # the steps made before this run (an interrupted one's)
+        self.steps_before = 0  # steps an interrupted run made before this one resumed it
         self.steps_run = 0  # steps this run made
         self.final_loss = float('nan')  # the last logged loss
 
@@ -122,11 +125,11 @@ class Trainer:
         if config.resume:
             resume.load(config.resume_path, self)
             self.resumed_elapsed = self.elapsed
-        self.first_step = self.epoch * self.steps_per_epoch + self.step
+        self.steps_before = self.epoch * self.steps_per_epoch + self.step
         self.start_time, last_save = time.time() - self.elapsed, time.time()
         total_steps = config.max_epochs * self.steps_per_epoch
         average = functools.partial(distributed.average, device=self.device)  # over processes
-        progress = metrics.Progress(config, self.first_step, total_steps, self.rank == 0, average)
+        progress = metrics.Progress(config, self.steps_before, total_steps, self.rank == 0, average)
         try:
             with self.stopper:
                 for epoch in range(self.epoch, config.max_epochs):
@@ -148,7 +151,7 @@ class Trainer:
         finally:
             progress.close()
         self.clock()
-        self.steps_run = self.epoch * self.steps_per_epoch + self.step - self.first_step
+        self.steps_run = self.epoch * self.steps_per_epoch + self.step - self.steps_before
         self.final_loss = progress.log.last_loss
 
     def run_epoch(self, epoch, progress):
@@ -170,7 +173,7 @@ class Trainer:
             logged = done % self.config.log_every == 0 or step == self.steps_per_epoch - 1
             if logged:
                 seconds = self.clock()
-                speed = self.tokens_per_s(done - self.first_step, y.size(1))
+                speed = self.tokens_per_s(done - self.steps_before, y.size(1))
                 progress.show(epoch, step, done, lr, seconds, speed)
             # processes agree on a stop where they log (a collective operation)
             stop = self.stopper.asked()
@@ -200,8 +203,8 @@ class Trainer:
     def loss(self, x, y):
         """GPT.forward's loss of the CPU batch x, y, on the positions that can change it
         (packing.py, worked out before the batch moves: no GPU synchronisation). Under
-        torchrun, this process's rows' summed loss over the whole batch's count of targets,
-        times world_size as DDP averages the processes' gradients."""
+        torchrun, this process's rows' summed loss (GPT.forward's cross-entropy, summed) over
+        the whole batch's count of targets, times world_size as DDP averages the gradients."""
         lengths = target_lengths(y)  # (b,)
         if self.ddp is None:
             packing = Packing(lengths, device=self.device)
@@ -262,6 +265,14 @@ class Trainer:
 
     # --- The resumable state (resume.py reads and checks its file) ----------------------
 
+    def settings(self):
+        """What a run that resumes this one's state must share with it."""
+        return {
+            'config': {k: getattr(self.config, k) for k in resume.SETTINGS},
+            'dataset_len': len(self.train_dataset),
+            'processes': self.world_size,
+        }
+
     def state_dict(self):
         """Everything that continues this run exactly: the model, the optimizer, fp16's
         loss scale, where the run is, and every random state: Python's and numpy's (the
@@ -275,9 +286,7 @@ class Trainer:
             'step': self.step,
             'tokens': self.tokens,
             'elapsed': self.elapsed,
-            'config': {k: getattr(self.config, k) for k in resume.SETTINGS},
-            'dataset_len': len(self.train_dataset),
-            'processes': self.world_size,
+            **self.settings(),
             'python_rng': random.getstate(),
             'numpy_rng': resume.numpy_rng_state(),
             'process_rngs': distributed.gather(resume.torch_rng_state(self.device)),

@@ -83,7 +83,7 @@ USER_ERRORS = [
     ('src/analyze.py', ['missing.predictions', '--eval_corpus_path', 'dev.tsv'], {},
      r'missing.predictions: cannot read: .*'),
     ('src/bench.py', ['--params', 'missing.params'], {},
-     r'--reading_params_path missing.params: no such file'),
+     r'--params missing.params: no such file'),
     ('src/plot.py', ['missing.csv'], {}, r'.+'),  # no such file, or no matplotlib
     ('london_baseline.py', ['test.tsv'], {}, r'test.tsv has no gold places to compare with'),
 ]  # fmt: skip

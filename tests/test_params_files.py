@@ -231,7 +231,7 @@ def test_checking_params_leaves_the_seeded_random_state_alone(params, monkeypatc
     before = torch.get_rng_state()
     run.check_args(args)
     assert torch.equal(before, torch.get_rng_state())
-    assert all(torch.equal(args.params[k], v) for k, v in gpt.state_dict().items())
+    assert all(torch.equal(args.reading_state[k], v) for k, v in gpt.state_dict().items())
 
 
 def test_params_from_wrapped_or_gpu_models_load_as_plain_ones(params, monkeypatch):

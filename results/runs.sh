@@ -26,20 +26,7 @@ CODE=$ROOT/longrun/code
 OUT=$ROOT/longrun/out
 SEEDS=(0 1 2 3 4)
 
-say() { echo "[$(date -u +%H:%M:%S)] $*"; }
-fail() { say "FAILED: $*"; exit 1; }
-
-if [ ! -d "$CODE" ]; then
-    git clone -q "$ROOT" "$CODE" && git -C "$CODE" checkout -q "$CODE_COMMIT" || fail "checkout"
-    cp "$ROOT"/../shared/data/{wiki.txt,birth_places_train.tsv,birth_dev.tsv,birth_test_inputs.tsv} \
-        "$CODE/data/" || fail "the data files (../shared/data)"
-fi
-if [ ! -x "$ROOT/longrun/venv/bin/python" ]; then
-    python3 -m venv "$ROOT/longrun/venv" || fail "venv"
-    "$ROOT/longrun/venv/bin/pip" install -q -r "$CODE/requirements.txt" matplotlib || fail "pip"
-fi
-. "$ROOT/longrun/venv/bin/activate"
-cd "$CODE" || exit 1
+. "$ROOT/results/longrun.sh"
 mkdir -p "$OUT/grid" "$OUT/analysis"
 # what earlier machines published: the grid's record goes on from it
 [ -f "$OUT/grid/grid.json" ] || [ ! -f "$ROOT/results/grid/grid.json" ] \

@@ -22,7 +22,7 @@ results=(
     "$variant.finetune.params" "$variant.pretrain.dev.predictions" "$variant.pretrain.test.predictions"
     ${extra[@]+"${extra[@]}"}
 )
-for f in "${results[@]}"; do
+for f in london_baseline.py "${results[@]}"; do
     if [ ! -f "$f" ]; then
         echo "error: $f is missing; run the handout's commands that produce it first" >&2
         exit 1
@@ -30,5 +30,6 @@ for f in "${results[@]}"; do
 done
 
 rm -f "$zipfile"
-zip -q -r "$zipfile" src/ "${results[@]}" -x '*__pycache__*' '*.pyc'
-echo "wrote $zipfile: src/ and ${#results[@]} results"
+# london_baseline.py too: the local grader (grading/grade.py) runs it
+zip -q -r "$zipfile" src/ london_baseline.py "${results[@]}" -x '*__pycache__*' '*.pyc'
+echo "wrote $zipfile: src/, london_baseline.py and ${#results[@]} results"

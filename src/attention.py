@@ -72,6 +72,7 @@ class KVCache:
         return k, v
 
 
+# [part g, 2024]
 def precompute_rotary_emb(dim, max_positions):
     """RoPE's rotations for head size `dim`: a (max_positions, dim/2, 2) tensor holding
     (cos(t theta_i), sin(t theta_i)) for position t and pair i, theta_i = 10000^(-2(i-1)/d)
@@ -83,6 +84,7 @@ def precompute_rotary_emb(dim, max_positions):
     return torch.stack((angles.cos(), angles.sin()), dim=-1).float()  # (T, dim/2, 2)
 
 
+# [part g, 2024]
 def apply_rotary_emb(x, rope_cache):
     """Rotates each adjacent pair (x_{2i-1}, x_{2i}) of x (B, nh, T, hs) at position t by
     t theta_i, using the first T rows of rope_cache: the complex product
@@ -120,6 +122,7 @@ class CausalSelfAttention(nn.Module):
         )
         self.n_head = config.n_head
         self.rope = getattr(config, 'rope', False)
+        # [part g, 2024] the buffer rope_cache: precompute_rotary_emb for a head's size
         if self.rope:
             # kept in the state_dict under the 2024 starter's name, as the mask is
             self.register_buffer(
@@ -135,6 +138,7 @@ class CausalSelfAttention(nn.Module):
         for q, k, v in padded_groups(packing, queries, keys, values):  # each (b, T, C)
             q, k, v = (split_heads(z, self.n_head) for z in (q, k, v))  # (B, nh, T, hs)
             past = 0 if cache is None else cache.past  # positions decoded before these
+            # [part g, 2024] rotate q and k (not v) by their positions past, past+1, ...
             if self.rope:  # rotated at their absolute positions, before joining cached keys
                 q = apply_rotary_emb(q, self.rope_cache[past:])  # (B, nh, T, hs)
                 k = apply_rotary_emb(k, self.rope_cache[past:])  # (B, nh, T, hs)
@@ -178,6 +182,7 @@ class SynthesizerAttention(nn.Module):
         self.block_size = config.block_size
         nn.init.uniform_(self.w2, -0.001, 0.001)
 
+    # [part g, 2021]
     def forward(self, x, packing=None, cache=None):
         """Handout eq. 11 on x (B, T, C): per head i, softmax(ReLU(x A_i + b_1) B_i + b_2)
         (x V_i) with a causal mask, the heads side by side, then the projection."""

@@ -40,6 +40,7 @@ import decoding
 import devices
 import dropout
 import files
+import model
 import packing
 import params_files
 import run
@@ -68,9 +69,9 @@ class PlainCausalSelfAttention(attention.CausalSelfAttention):
 
 def make_model(vocab_size, plain, variant='vanilla', bottleneck_dim=32):
     torch.manual_seed(0)
-    config = run.model_config(variant, vocab_size, bottleneck_dim)
     gpt = run.new_model(variant, vocab_size, bottleneck_dim)
     if plain and variant == 'vanilla':
+        config = model.GPTConfig(vocab_size, run.BLOCK_SIZE, **run.MODEL_SIZE)
         for block in gpt.blocks:
             fresh = PlainCausalSelfAttention(config)
             fresh.load_state_dict(block.attn.state_dict())
@@ -133,7 +134,7 @@ def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision
     for plain in (True, False):
         gpt = make_model(corpus.vocab_size, plain, variant, bottleneck_dim)
         config = trainer.TrainerConfig(
-            **run.PHASE_SETTINGS['pretrain'],
+            batch_size=128,
             learning_rate=6e-3,
             device=device,
             precision='fp32' if plain else precision,

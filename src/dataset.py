@@ -51,7 +51,15 @@ class CharCorruptionDataset(Dataset):
     def __len__(self):
         return len(self.data)
 
+    # [part e]
     def __getitem__(self, idx):
+        """Document idx as a span-corruption example: (x, y), each padded_length - 1 ids.
+        1. Truncate the document to a random length: every length from 4 to
+           int(block_size * 7/8) can be drawn (capped by the document's own length).
+        2. Split that into prefix + masked + suffix, the masked length random and on average
+           a quarter of the truncated length (so sometimes more, sometimes less).
+        3. Rearrange into prefix MASK suffix MASK masked, padded with PAD to padded_length.
+        4. x is that string without its last character, y without its first, encoded."""
         document = self.data[idx]
         # 1. Truncate to a length drawn uniformly from 4..block_size*7/8, so that every
         #    length can occur and the rearranged string (2 MASKs longer) always fits.

@@ -18,12 +18,14 @@ from model import GPT, Block, mlp
 
 
 class DownProjectBlock(nn.Module):
-    """The perceiver's first block: a learned basis C of bottleneck_dim positions attends
-    to the input (handout: Y_i = softmax((C Q_i)(X K_i)^T / sqrt(d/h)) (X V_i)), then an
-    MLP. Residuals as in Block, pre-LayerNorm on the queries and the MLP input:
-    y = C + attn(kv=x_input, q=ln1(C)), then y + mlp(ln2(y)). Output j depends on inputs
-    0..j only (the causal mask), so the model stays causal."""
+    """The perceiver's first block: a learned basis C (1, bottleneck_dim, n_embd), initialised
+    with xavier_uniform, attends to the input (handout: Y_i = softmax((C Q_i)(X K_i)^T /
+    sqrt(d/h)) (X V_i)), then an MLP. Residuals as in Block, pre-LayerNorm on the queries and
+    the MLP input: y = C + attn(kv=x_input, q=ln1(C)), then y + mlp(ln2(y)). Output j
+    depends on inputs 0..j only (the causal mask), so the model stays causal. Its parts are
+    named as in the 2023 starter: C, attn (a CausalCrossAttention), ln1, ln2, mlp."""
 
+    # [part g, 2023]
     def __init__(self, config):
         super().__init__()
         self.C = nn.Parameter(torch.empty(1, config.bottleneck_dim, config.n_embd))
@@ -33,6 +35,7 @@ class DownProjectBlock(nn.Module):
         self.ln2 = nn.LayerNorm(config.n_embd)
         self.mlp = mlp(config)
 
+    # [part g, 2023]
     def forward(self, x_input, positions=None):
         """x_input (B, T, C) -> (B, positions, C), positions defaulting to bottleneck_dim."""
         basis = self.C[:, :positions].expand(x_input.size(0), -1, -1)  # (B, m, C)
@@ -44,8 +47,10 @@ class UpProjectBlock(nn.Module):
     """The perceiver's last block: the input attends to the bottleneck's output y
     (handout: Y = softmax((X Q_i)(Y K_i)^T / sqrt(d/h)) (Y V_i)), then an MLP, back at
     the input's length. Residuals as in Block: x = x_input + attn(kv=ln1(y), q=x_input),
-    then x + mlp(ln2(x)). Output t sees y_0..y_t, which see inputs 0..t."""
+    then x + mlp(ln2(x)). Output t sees y_0..y_t, which see inputs 0..t. Its parts are
+    named as in the 2023 starter: attn (a CausalCrossAttention), ln1, ln2, mlp."""
 
+    # [part g, 2023]
     def __init__(self, config):
         super().__init__()
         self.attn = attention.CausalCrossAttention(config)
@@ -53,7 +58,9 @@ class UpProjectBlock(nn.Module):
         self.ln2 = nn.LayerNorm(config.n_embd)
         self.mlp = mlp(config)
 
+    # [part g, 2023]
     def forward(self, y, x_input):
+        """y (B, m, C), the bottleneck's output, and x_input (B, T, C) -> (B, T, C)."""
         x = x_input + self.attn(self.ln1(y), x_input)  # (B, T, C)
         return x + self.mlp(self.ln2(x))
 

@@ -42,15 +42,6 @@ BLOCK_SIZE = 128
 MODEL_SIZE = dict(n_layer=4, n_head=8, n_embd=256)
 ANSWER_LENGTH = 32  # characters decoded after each question
 
-# The handout's hyperparameters; --max_epochs, --batch_size override them. The learning
-# rates are the flags --pretrain_lr (6e-3) and --finetune_lr (6e-4), as the later
-# editions name them.
-PHASE_SETTINGS = {
-    'pretrain': dict(max_epochs=650, batch_size=128),
-    'finetune': dict(max_epochs=75, batch_size=256),
-    'finetune from pretrained': dict(max_epochs=10, batch_size=256),
-}
-
 # What differs between the editions. Pretraining's cosine schedule reaches its end after
 # pretrain_schedule_epochs epochs' tokens (finetuning's always after 200); span-corruption
 # strings are padded to pretrain_padded_length, so x and y are one shorter. The 2024/25
@@ -68,6 +59,9 @@ EDITIONS = {
     '2025': dict(pretrain_schedule_epochs=650, pretrain_padded_length=BLOCK_SIZE + 1,
                  second_variant=('rope', []), london_accuracy_file=True),
 }  # fmt: skip
+# The edition a command follows without --edition: None for the variant's own; a starter
+# (grading/starter.py) names the edition it was written for.
+DEFAULT_EDITION = None
 VARIANT_EDITION = {'vanilla': '2021', 'synthesizer': '2021', 'perceiver': '2023', 'rope': '2024'}
 
 
@@ -103,7 +97,7 @@ def parse_args(argv=None):
     )
     add_overrides(argp.add_argument_group("overrides (defaults: the handout's settings)"))
     args = argp.parse_args(argv)
-    args.edition = args.edition or VARIANT_EDITION[args.variant]
+    args.edition = args.edition or DEFAULT_EDITION or VARIANT_EDITION[args.variant]
     if args.finetune_lr is None:
         args.finetune_lr = finetune_methods.LEARNING_RATES[args.finetune_method]
     return args
@@ -137,8 +131,11 @@ def add_later_editions(argp):
     argp.add_argument(
         '--edition',
         choices=sorted(EDITIONS),
-        help="the handout edition whose settings to use (default: the variant's: "
-        + ", ".join(f"{v} {e}" for v, e in VARIANT_EDITION.items())
+        help="the handout edition whose settings to use (default: "
+        + (
+            DEFAULT_EDITION
+            or "the variant's: " + ", ".join(f"{v} {e}" for v, e in VARIANT_EDITION.items())
+        )
         + ")",
     )
 
@@ -177,24 +174,52 @@ def positive(kind):
 # --- The phases --------------------------------------------------------------------------
 
 
+# [part f]
 def pretrain(args):
-    """Span-corruption pretraining on the corpus; writes --writing_params_path."""
+    """Span-corruption pretraining of the variant's model on the corpus, with the handout's
+    Trainer settings: 650 epochs, batch 128, learning rate args.pretrain_lr (6e-3), lr_decay,
+    warmup_tokens 512*20 and final_tokens = E * len(pretrain_dataset) * BLOCK_SIZE, where E is
+    the edition's pretrain_schedule_epochs (2021, 2023: 200; 2024/25: 650). train() writes
+    the params to --writing_params_path."""
     pretrain_dataset = load_pretrain_dataset(args)
     gpt = build_model(args, pretrain_dataset)
-    return train(args, 'pretrain', gpt, pretrain_dataset, pretrain_dataset)
+    schedule_epochs = EDITIONS[args.edition]['pretrain_schedule_epochs']
+    config = trainer.TrainerConfig(
+        max_epochs=650,
+        batch_size=128,
+        learning_rate=args.pretrain_lr,
+        lr_decay=True,
+        warmup_tokens=512 * 20,
+        final_tokens=schedule_epochs * len(pretrain_dataset) * BLOCK_SIZE,
+    )
+    return train(args, gpt, pretrain_dataset, config)
 
 
+# [part c] [part f]
 def finetune(args):
-    """Birth-place finetuning, from scratch or from --reading_params_path."""
+    """Birth-place finetuning of the variant's model on NameDataset(--finetune_corpus_path):
+    from scratch (part c), or (part f) from the params of --reading_params_path, which
+    check_args has read and checked into args.reading_state. The handout's Trainer settings:
+    75 epochs from scratch, 10 from pretrained params; batch 256, learning rate
+    args.finetune_lr (6e-4), lr_decay, warmup_tokens 512*20 and
+    final_tokens = 200 * len(pretrain_dataset) * BLOCK_SIZE. train() writes the params to
+    --writing_params_path."""
     pretrain_dataset = load_pretrain_dataset(args)
     gpt = build_model(args, pretrain_dataset)
-    phase = 'finetune'
+    max_epochs = 75
     if args.reading_params_path:
-        gpt.load_state_dict(args.reading_state)  # read and checked by check_args
-        phase = 'finetune from pretrained'
-    finetune_methods.apply(gpt, args.finetune_method, **finetune_methods.settings(args))
+        gpt.load_state_dict(args.reading_state)
+        max_epochs = 10
     names = dataset.NameDataset(pretrain_dataset, files.read_text(args.finetune_corpus_path))
-    return train(args, phase, gpt, names, pretrain_dataset)
+    config = trainer.TrainerConfig(
+        max_epochs=max_epochs,
+        batch_size=256,
+        learning_rate=args.finetune_lr,
+        lr_decay=True,
+        warmup_tokens=512 * 20,
+        final_tokens=200 * len(pretrain_dataset) * BLOCK_SIZE,
+    )
+    return train(args, gpt, names, config)
 
 
 def evaluate(args):
@@ -243,14 +268,13 @@ def build_model(args, pretrain_dataset):
     return new_model(args.variant, pretrain_dataset.vocab_size, args.bottleneck_dim)
 
 
+# [part c] [part g]
 def new_model(variant, vocab_size, bottleneck_dim=32):
-    """A freshly initialised GPT of the variant, at the assignment's size."""
-    config = model_config(variant, vocab_size, bottleneck_dim)
-    return perceiver.PerceiverGPT(config) if variant == 'perceiver' else model.GPT(config)
-
-
-def model_config(variant, vocab_size, bottleneck_dim):
-    return model.GPTConfig(
+    """A freshly initialised model of the variant, a GPT of MODEL_SIZE with block size
+    BLOCK_SIZE: vanilla (part c); synthesizer, with SynthesizerAttention in every block
+    (2021, part g); perceiver, the PerceiverGPT of perceiver.py with bottleneck_dim
+    positions (2023); rope, rotary position embeddings instead of learned ones (2024/25)."""
+    config = model.GPTConfig(
         vocab_size,
         BLOCK_SIZE,
         synthesizer=variant == 'synthesizer',
@@ -258,6 +282,7 @@ def model_config(variant, vocab_size, bottleneck_dim):
         bottleneck_dim=bottleneck_dim if variant == 'perceiver' else None,
         **MODEL_SIZE,
     )
+    return perceiver.PerceiverGPT(config) if variant == 'perceiver' else model.GPT(config)
 
 
 def model_name(variant):
@@ -276,13 +301,17 @@ def load_into(gpt, state):
     return size is not None
 
 
-def train(args, phase, gpt, train_dataset, pretrain_dataset):
-    """Train gpt on train_dataset with the phase's settings, then write its params (with
-    LoRA merged into the weights). Returns the Trainer."""
+def train(args, gpt, train_dataset, config):
+    """Trains gpt on train_dataset with the phase's handout settings in config (a
+    trainer.TrainerConfig), and this codebase's on top of them (add_settings), then writes
+    its params (with LoRA merged into the weights). Returns the Trainer."""
+    phase = phase_name(args)
+    if args.function == 'finetune':
+        finetune_methods.apply(gpt, args.finetune_method, **finetune_methods.settings(args))
     device = devices.pick_device(args.device)
     if distributed.PROCESSES > 1 and not torch.distributed.is_initialized():
         distributed.init_distributed(device)  # first: it picks this process's GPU
-    config = trainer_config(args, phase, len(pretrain_dataset), device)
+    add_settings(config, args, device)
     if not args.resume and os.path.exists(config.resume_path):
         print(
             f"note: starting afresh; {config.resume_path} (an interrupted run's state) will be "
@@ -312,33 +341,32 @@ def train(args, phase, gpt, train_dataset, pretrain_dataset):
     return run
 
 
-def trainer_config(args, phase, corpus_lines, device):
-    """The phase's TrainerConfig: the handout's settings, with the flags' overrides."""
-    settings = dict(PHASE_SETTINGS[phase])
-    for name in settings:
+def phase_name(args):
+    """'pretrain', 'finetune', or 'finetune from pretrained' (with --reading_params_path)."""
+    if args.function == 'finetune' and args.reading_params_path:
+        return 'finetune from pretrained'
+    return args.function
+
+
+def add_settings(config, args, device):
+    """This codebase's settings, added to the handout's in config: --max_epochs and
+    --batch_size override the handout's, and the rest are off in a plain TrainerConfig
+    (device, precision, resumable state, metrics, TensorBoard, checkpoints)."""
+    for name in ('max_epochs', 'batch_size'):
         if getattr(args, name) is not None:
-            settings[name] = getattr(args, name)
-    pretraining = phase == 'pretrain'
-    schedule_epochs = EDITIONS[args.edition]['pretrain_schedule_epochs'] if pretraining else 200
+            setattr(config, name, getattr(args, name))
     path = args.writing_params_path
-    return trainer.TrainerConfig(
-        **settings,
-        learning_rate=args.pretrain_lr if pretraining else args.finetune_lr,
-        lr_decay=True,
-        warmup_tokens=512 * 20,
-        final_tokens=schedule_epochs * corpus_lines * BLOCK_SIZE,
-        precision=devices.training_precision(args.precision, device),
-        device=device,
-        ckpt_path=checkpoint_path(path, settings['max_epochs']) if args.save_every else None,
-        save_every=args.save_every or 1,
-        resume_path=path + '.resume',
-        resume=args.resume,
-        metrics_path=path + '.metrics.csv',
-        tensorboard_dir=metrics.tensorboard_dir(args),
-        finetune_method=finetune_methods.describe(
-            'full' if pretraining else args.finetune_method, **finetune_methods.settings(args)
-        ),
-    )
+    config.precision = devices.training_precision(args.precision, device)
+    config.device = device
+    if args.save_every:
+        config.ckpt_path = checkpoint_path(path, config.max_epochs)
+        config.save_every = args.save_every
+    config.resume_path = path + '.resume'
+    config.resume = args.resume
+    config.metrics_path = path + '.metrics.csv'
+    config.tensorboard_dir = metrics.tensorboard_dir(args)
+    method = 'full' if args.function == 'pretrain' else args.finetune_method
+    config.finetune_method = finetune_methods.describe(method, **finetune_methods.settings(args))
 
 
 def checkpoint_path(params_path, max_epochs):

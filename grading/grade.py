@@ -1,0 +1,1009 @@
+"""The assignment's autograder, run locally: what the course's public grader checked, for
+every edition, and what it left out.
+
+    python grading/grade.py SUBMISSION                # a folder with src/, or the zip
+    python grading/grade.py SUBMISSION --edition 2024 --json results.json
+    python grading/grade.py a.zip b.zip c/ --csv grades.csv     # a class at once
+
+SUBMISSION is a folder holding src/ and the handout's outputs (params and predictions),
+or the zip collect_submission.sh makes. The data comes from data/ (--data). Each check
+of the submission's code runs in a process of its own (probes.py), in a copy of its
+files, with a time limit: an exception, a hang or a crash fails that test with a
+one-line reason, and the submission itself is only read. Configs are taken by running
+the submission's own run.py commands with training intercepted, never by training.
+
+The code is checked against direct computations of the handout's equations with given
+weights, under the starter's names; span corruption by its spec's properties on drawn
+examples (seeded; the margins are in span_examples); the results by the edition's
+accuracy floors. The test-set floors need the answers (--answers), which we do not ship.
+"""
+
+import argparse
+import csv
+import io
+import json
+import math
+import multiprocessing
+import os
+import random
+import re
+import shutil
+import string
+import sys
+import tempfile
+import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+import probes
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCHITECTURES = Path(__file__).with_name('architectures.json')
+DATA_FILES = ('wiki.txt', 'birth_places_train.tsv', 'birth_dev.tsv', 'birth_test_inputs.tsv')
+ACCURACY_FILE = 'london_baseline_accuracy.txt'
+
+# What differs between the editions: the variant beside vanilla and the flags its commands
+# pass, pretraining's schedule (epochs of tokens), the span-corruption padding beyond
+# block_size, and the accuracy floors (%), dev from the handouts, test one point lower
+# where the handout names none (the public grader's rule).
+EDITIONS = {
+    '2021': dict(variant='synthesizer', flags=[], schedule=200, extra_pad=0,
+                 vanilla_dev=10, vanilla_test=9, variant_dev=5, variant_test=4,
+                 london_file=False),
+    '2023': dict(variant='perceiver', flags=['--bottleneck_dim', '64'], schedule=200,
+                 extra_pad=0, vanilla_dev=10, vanilla_test=9, variant_dev=6, variant_test=5,
+                 london_file=False),
+    '2024': dict(variant='rope', flags=[], schedule=650, extra_pad=1, vanilla_dev=15,
+                 vanilla_test=14, variant_dev=30, variant_test=30, london_file=True),
+}  # fmt: skip
+EDITIONS['2025'] = EDITIONS['2024']
+BLOCK_SIZE = 128
+SPAN_BLOCK = 50  # span corruption is drawn with this block size, as the public grader does
+SPAN_DRAWS = 4000
+
+
+class Fail(Exception):
+    """A test's failure, with its one-line reason."""
+
+
+# --- The tests ----------------------------------------------------------------------------
+
+
+class Test:
+    def __init__(self, name, points, check, editions, probes, answers):
+        self.name, self.points, self.check = name, points, check
+        self.editions, self.probes, self.answers = editions, probes, answers
+
+
+TESTS = []
+
+
+def test(name, points, editions=tuple(EDITIONS), probes=(), answers=False):
+    """Registers check(g) as a test; `name` starts with the handout's part and may use the
+    edition's fields ({variant}, {vanilla_dev}, ...). check raises Fail to fail."""
+
+    def register(check):
+        TESTS.append(Test(name, points, check, editions, probes, answers))
+        return check
+
+    return register
+
+
+@test("(c) the vanilla model: the handout's architecture", 2, probes=['finetune'])
+def vanilla_architecture(g):
+    check_architecture(g.probe('finetune')['shapes'], g.architecture('vanilla'), 'the model')
+
+
+@test("(c) finetuning without pretraining: the handout's Trainer settings", 2, probes=['finetune'])
+def finetune_settings(g):
+    check_settings(g.probe('finetune')['config'], g.settings(75, 256, 6e-4, 200))
+
+
+@test("(c) vanilla.model.params loads into the handout's vanilla model", 1)
+def vanilla_model_params(g):
+    check_params(g, 'vanilla.model.params', 'vanilla')
+
+
+@test("(d) London baseline: london_baseline.py's accuracy", 2, probes=['london'])
+def london_printed(g):
+    g.path('london_baseline.py')
+    accuracy = g.london_accuracy()
+    written = g.probe('london')['written']
+    if g.edition['london_file']:
+        if written is None:
+            raise Fail(f"london_baseline.py wrote no {ACCURACY_FILE}")
+        if not has_number(written, [accuracy]):
+            raise Fail(f"{ACCURACY_FILE} holds {written.strip()[:40]!r}, not {accuracy:g}")
+    elif not printed_accuracy(g.log('london'), accuracy):
+        raise Fail(f"london_baseline.py did not print the accuracy, {accuracy:g}%")
+
+
+@test(f"(d) {ACCURACY_FILE} holds the London baseline's accuracy", 1, editions=('2024', '2025'))
+def london_file(g):
+    text = g.read(ACCURACY_FILE)
+    if not has_number(text, [g.london_accuracy()]):
+        raise Fail(f"it holds {text.strip()[:40]!r}, not {g.london_accuracy():g}")
+
+
+@test("(d) vanilla without pretraining: dev predictions, at least 1 right", 2)
+def nopretrain_dev(g):
+    check_accuracy(g, 'vanilla.nopretrain.dev.predictions', 'dev', minimum_right=1)
+
+
+@test("(d) vanilla without pretraining: test predictions, one per question", 1)
+def nopretrain_test_lines(g):
+    g.predictions('vanilla.nopretrain.test.predictions', 'test')
+
+
+@test("(d) vanilla without pretraining: test predictions, at least 1 right", 4, answers=True)
+def nopretrain_test(g):
+    check_accuracy(g, 'vanilla.nopretrain.test.predictions', 'test', minimum_right=1)
+
+
+@test("(e) span corruption: the truncated length", 5, probes=['span'])
+def span_truncation(g):
+    examples = span_examples(g)
+    cap = int(SPAN_BLOCK * 7 / 8)
+    long = [e for e in examples if len(e.document) >= cap]
+    for e in examples:
+        low, high = min(4, len(e.document)), min(cap, len(e.document))
+        if not low <= e.length <= high:
+            raise Fail(
+                f"a document of {len(e.document)} characters was truncated to {e.length}; "
+                f"with block_size {SPAN_BLOCK} the length must be in {low}..{high}"
+            )
+    missing = sorted(set(range(4, cap + 1)) - {e.length for e in long})
+    if missing:
+        raise Fail(
+            f"no truncation to {', '.join(map(str, missing[:5]))} characters in {len(long):,} "
+            f"draws from documents of {cap} characters or more: every length from 4 to "
+            f"int(block_size*7/8) = {cap} must be possible"
+        )
+
+
+@test("(e) span corruption: prefix MASK suffix MASK masked, then PAD", 5, probes=['span'])
+def span_rearranged(g):
+    for e in span_examples(g):
+        if e.problem:
+            raise Fail(e.problem)
+
+
+@test("(e) span corruption: y is x shifted by one", 5, probes=['span'])
+def span_shift(g):
+    for e in span_examples(g):
+        if e.x[1:] != e.y[:-1]:
+            raise Fail(f"x[1:] != y[:-1] for x = {e.x.rstrip(e.pad)!r}, y = {e.y.rstrip(e.pad)!r}")
+
+
+@test("(e) span corruption: the masked length", 5, probes=['span'])
+def span_masked_length(g):
+    examples = [e for e in span_examples(g) if e.problem is None and e.length >= 8]
+    if not examples:
+        raise Fail("no example could be read (see the rearrangement test)")
+    masked = sum(len(e.masked) for e in examples) / len(examples)
+    quarter = sum(e.length / 4 for e in examples) / len(examples)
+    if abs(masked - quarter) > 1.5:
+        raise Fail(
+            f"masked spans average {masked:.2f} characters where a quarter of the truncated "
+            f"length averages {quarter:.2f} (allowed: 1.5 apart)"
+        )
+    by_length = {}
+    for e in examples:
+        by_length.setdefault(e.length, []).append(len(e.masked) - e.length / 4)
+    if not any(min(d) < 0 < max(d) for d in by_length.values() if len(d) >= 30):
+        raise Fail(
+            "for each truncated length, the masked length is always on the same side of a "
+            "quarter of it: it must be random, sometimes more and sometimes less"
+        )
+
+
+@test("(e) span corruption: padded to the edition's length", 2, probes=['span'])
+def span_padding(g):
+    padded = SPAN_BLOCK + g.edition['extra_pad']
+    for e in span_examples(g):
+        if len(e.x) != padded - 1 or len(e.y) != padded - 1:
+            rule = "block_size" if g.edition['extra_pad'] == 0 else "block_size + 1"
+            raise Fail(
+                f"x and y are {len(e.x)} and {len(e.y)} long: the string is padded to {rule} "
+                f"({padded}), so each must be {padded - 1}"
+            )
+
+
+@test("(f) pretraining: the handout's Trainer settings", 7, probes=['pretrain'])
+def pretrain_settings(g):
+    settings = g.settings(650, 128, 6e-3, g.edition['schedule'])
+    check_settings(g.probe('pretrain')['config'], settings)
+
+
+@test(
+    "(f) finetuning from pretrained params: the handout's Trainer settings",
+    4,
+    probes=['finetune_pretrained'],
+)
+def finetune_pretrained_settings(g):
+    check_settings(g.probe('finetune_pretrained')['config'], g.settings(10, 256, 6e-4, 200))
+
+
+@test("(f) finetuning from pretrained params starts from them", 2, probes=['finetune_pretrained'])
+def finetune_pretrained_loads(g):
+    found = g.probe('finetune_pretrained')
+    if found['loaded'] != found['given']:
+        raise Fail(
+            f"the model given to the Trainer holds {found['loaded']} of the "
+            f"{found['given']} tensors of --reading_params_path"
+        )
+
+
+@test("(f) vanilla.finetune.params loads into the handout's vanilla model", 1)
+def vanilla_finetune_params(g):
+    check_params(g, 'vanilla.finetune.params', 'vanilla')
+
+
+@test("(f) vanilla pretrained: dev accuracy at least {vanilla_dev}%", 5)
+def vanilla_dev(g):
+    check_accuracy(g, 'vanilla.pretrain.dev.predictions', 'dev', g.edition['vanilla_dev'])
+
+
+@test("(f) vanilla pretrained: test predictions, one per question", 1)
+def vanilla_test_lines(g):
+    g.predictions('vanilla.pretrain.test.predictions', 'test')
+
+
+@test("(f) vanilla pretrained: test accuracy at least {vanilla_test}%", 8, answers=True)
+def vanilla_test(g):
+    check_accuracy(g, 'vanilla.pretrain.test.predictions', 'test', g.edition['vanilla_test'])
+
+
+@test("(g) the {variant} model: the handout's architecture", 2, probes=['variant'])
+def variant_architecture(g):
+    variant = g.edition['variant']
+    check_architecture(g.probe('variant')['shapes'], g.architecture(variant), 'the model')
+
+
+@test("(g) {variant}.finetune.params loads into the handout's {variant} model", 1)
+def variant_params(g):
+    check_params(g, f"{g.edition['variant']}.finetune.params", g.edition['variant'])
+
+
+@test("(g) {variant} pretrained: dev accuracy at least {variant_dev}%", 5)
+def variant_dev(g):
+    name = f"{g.edition['variant']}.pretrain.dev.predictions"
+    check_accuracy(g, name, 'dev', g.edition['variant_dev'])
+
+
+@test("(g) {variant} pretrained: test predictions, one per question", 1)
+def variant_test_lines(g):
+    g.predictions(f"{g.edition['variant']}.pretrain.test.predictions", 'test')
+
+
+@test("(g) {variant} pretrained: test accuracy at least {variant_test}%", 5, answers=True)
+def variant_test(g):
+    name = f"{g.edition['variant']}.pretrain.test.predictions"
+    check_accuracy(g, name, 'test', g.edition['variant_test'])
+
+
+@test("(g) SynthesizerAttention: eq. 11 with given weights", 4, ('2021',), ['synthesizer'])
+def synthesizer_output(g):
+    weights, inputs = synthesizer_case()
+    expected = [synthesizer_attention(weights, x, n_head=3) for (x,) in inputs]
+    check_outputs(g.probe('synthesizer'), expected, 'SynthesizerAttention', inputs)
+
+
+@test("(g) DownProjectBlock with given weights", 3, ('2023',), ['down'])
+def down_output(g):
+    weights, inputs = perceiver_case('down')
+    expected = [down_block(weights, x, n_head=2) for (x,) in inputs]
+    check_outputs(g.probe('down'), expected, 'DownProjectBlock', inputs, residuals=True)
+
+
+@test("(g) UpProjectBlock with given weights", 3, ('2023',), ['up'])
+def up_output(g):
+    weights, inputs = perceiver_case('up')
+    expected = [up_block(weights, y, x, n_head=2) for y, x in inputs]
+    check_outputs(g.probe('up'), expected, 'UpProjectBlock', inputs, residuals=True)
+
+
+@test("(g) precompute_rotary_emb: cos and sin of t theta_i", 2, ('2024', '2025'), ['rope'])
+def rope_table(g):
+    found = g.probe('rope')[0]
+    check_outputs([found], [rotary_table(8, 12)], 'precompute_rotary_emb(8, 12)', None, 1e-5)
+
+
+@test("(g) apply_rotary_emb: rotates adjacent pairs", 2, ('2024', '2025'), ['rope'])
+def rope_apply(g):
+    x = rope_inputs()[0]
+    expected = rotate(x, rotary_table(8, 12))
+    check_outputs([g.probe('rope')[1]], [expected], 'apply_rotary_emb', None, 1e-5)
+
+
+@test("(g) CausalSelfAttention with rope: q and k rotated", 2, ('2024', '2025'), ['rope_attention'])
+def rope_attention_output(g):
+    weights, inputs = rope_attention_case()
+    expected = [rope_attention(weights, x, n_head=2) for (x,) in inputs]
+    check_outputs(g.probe('rope_attention'), expected, 'CausalSelfAttention(rope)', inputs)
+
+
+# --- What the tests compare with ----------------------------------------------------------
+
+
+def check_architecture(found, expected, what):
+    missing = [name for name in expected if name not in found]
+    unexpected = [name for name in found if name not in expected]
+    if missing or unexpected:
+        words = []
+        if missing:
+            words.append(f"lacks {', '.join(missing[:3])}" + (' ...' if len(missing) > 3 else ''))
+        if unexpected:
+            words.append(
+                f"has {', '.join(unexpected[:3])}" + (' ...' if len(unexpected) > 3 else '')
+            )
+        raise Fail(f"{what}'s state_dict {' and '.join(words)}")
+    for name, shape in expected.items():
+        if list(found[name]) != list(shape):
+            raise Fail(f"{what}'s {name} has shape {list(found[name])}, not {list(shape)}")
+
+
+def check_settings(found, expected):
+    wrong = []
+    for name, value in expected.items():
+        got = found.get(name)
+        same = got == value
+        if isinstance(value, (int, float)) and isinstance(got, (int, float)):
+            same = math.isclose(got, value, rel_tol=1e-9)
+        if isinstance(value, (tuple, list)):
+            same = isinstance(got, (tuple, list)) and list(got) == list(value)
+        if not same:
+            wrong.append(f"{name} is {got!r}, the handout says {value!r}")
+    if wrong:
+        raise Fail('; '.join(wrong))
+
+
+def check_params(g, name, variant):
+    path = g.path(name)
+    try:
+        state = torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as e:
+        raise Fail(f"{name} cannot be read as a state_dict: {str(e).splitlines()[0][:120]}")
+    if not isinstance(state, dict) or not all(torch.is_tensor(t) for t in state.values()):
+        raise Fail(f"{name} holds no state_dict (a dict of named tensors)")
+    shapes = {key: list(tensor.shape) for key, tensor in state.items()}
+    check_architecture(shapes, g.architecture(variant), name)
+
+
+def check_accuracy(g, name, split, floor=None, minimum_right=None):
+    predictions = g.predictions(name, split)
+    gold = g.gold(split)
+    right = sum(p == a for p, a in zip(predictions, gold))
+    accuracy = 100 * right / len(gold)
+    if minimum_right is not None and right < minimum_right:
+        raise Fail(f"{right} of {len(gold)} right; at least {minimum_right} expected")
+    if floor is not None and accuracy < floor:
+        raise Fail(f"{right} of {len(gold)} right, {accuracy:.1f}%: below {floor}%")
+
+
+def check_outputs(found, expected, what, inputs, tolerance=1e-8, residuals=False):
+    """Each output within `tolerance` of the direct computation's. residuals: say that the
+    perceiver's are expected in Block's pre-LayerNorm form (the handout leaves them open)."""
+    for i, (got, want) in enumerate(zip(found, expected)):
+        shape = '' if inputs is None else f" for input shapes {input_shapes(inputs[i])}"
+        if not torch.is_tensor(got):
+            raise Fail(f"{what} returned a {type(got).__name__}, not a tensor{shape}")
+        if list(got.shape) != list(want.shape):
+            raise Fail(f"{what} gave shape {list(got.shape)}, not {list(want.shape)}{shape}")
+        error = (got.double() - want.double()).abs().max().item()
+        if not error <= tolerance:
+            form = (
+                " (expected: Block's pre-LayerNorm residuals, see the docstring)"
+                if residuals
+                else ''
+            )
+            raise Fail(f"{what}'s output is off by up to {error:.3g}{shape}{form}")
+
+
+def input_shapes(args):
+    return ', '.join(str(list(t.shape)) for t in args)
+
+
+def printed_accuracy(text, accuracy):
+    """Whether text gives the accuracy: as a percentage (a number before %), or a fraction."""
+    percentages = re.findall(r'(\d+(?:\.\d+)?)\s*%', text)
+    if any(math.isclose(float(p), accuracy, rel_tol=1e-6) for p in percentages):
+        return True
+    return has_number(text, [accuracy / 100])
+
+
+def has_number(text, values):
+    numbers = [float(n) for n in re.findall(r'-?\d+(?:\.\d+)?(?:[eE]-?\d+)?', text or '')]
+    return any(math.isclose(n, v, rel_tol=1e-6, abs_tol=1e-9) for n in numbers for v in values)
+
+
+class SpanExample:
+    """One drawn example, read back: the document, and (when the string has the spec's
+    form) the truncated length and the masked span; `problem` says what is wrong if not."""
+
+    def __init__(self, document, x, y, pad, mask):
+        self.document, self.x, self.y, self.pad = document, x, y, pad
+        self.length, self.masked, self.problem = None, '', None
+        whole = x + y[-1:]
+        body = whole.rstrip(pad)
+        if pad in body:
+            self.problem = f"PAD inside the string, not only at its end: {shown(whole, pad)}"
+        elif body.count(mask) != 2:
+            self.problem = f"{body.count(mask)} MASKs, not 2: {shown(whole, pad)}"
+        else:
+            prefix, suffix, masked = body.split(mask)
+            self.length, self.masked = len(prefix + masked + suffix), masked
+            if not document.startswith(prefix + masked + suffix):
+                self.problem = (
+                    f"prefix + masked + suffix is not the start of the document: "
+                    f"{shown(whole, pad)} from {document[:60]!r}"
+                )
+
+
+def shown(text, pad):
+    return repr(text.rstrip(pad)[:70])
+
+
+def span_documents():
+    """The documents span corruption is drawn from: 100 longer than the truncation's cap,
+    of random letters and spaces, and 9 short ones (1 to 34 characters)."""
+    rng = random.Random(0)
+    letters = string.ascii_letters + ' '
+    long = [''.join(rng.choice(letters) for _ in range(rng.randint(60, 120))) for _ in range(100)]
+    short = [''.join(rng.choice(letters) for _ in range(n)) for n in (1, 2, 3, 4, 5, 8, 13, 21, 34)]
+    return long + short
+
+
+def span_examples(g):
+    """The drawn examples. With 4,000 draws, about 3,670 of them from the long documents, each
+    of the 40 lengths 4..43 turns up about 92 times when uniform: a length the submission
+    draws with probability 1% is missing with probability below 40 e^-36. The masked
+    length's mean over those draws has a standard deviation near 0.1 (at most 0.4), far
+    inside the allowed 1.5; and for a truncated length drawn 30 times or more, a random
+    masked length falls on both sides of a quarter of it except with a tiny probability."""
+    if g.span is None:
+        found = g.probe('span')
+        documents = span_documents()
+        g.span = [
+            SpanExample(documents[i], x, y, found['pad'], found['mask'])
+            for i, x, y in found['examples']
+        ]
+    return g.span
+
+
+def generator(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def weights_for(shapes, seed):
+    """Random float64 weights of the given shapes (masks lower-triangular ones)."""
+    rng = generator(seed)
+    state = {}
+    for name, shape in shapes.items():
+        if name.endswith('mask'):
+            state[name] = torch.tril(torch.ones(shape[-1], shape[-1])).view(*shape)
+        else:
+            state[name] = torch.randn(*shape, generator=rng, dtype=torch.float64) * 0.5
+    return state
+
+
+def linear_shapes(prefix, n_in, n_out):
+    return {f"{prefix}.weight": [n_out, n_in], f"{prefix}.bias": [n_out]}
+
+
+def synthesizer_case():
+    """SynthesizerAttention(n_head 3, n_embd 6, block_size 8) weights, and inputs with T
+    of 5 (w2 and b2 cut to T) and 7 (all of them)."""
+    shapes = {**linear_shapes('w1', 6, 6), 'w2': [2, 7], 'b2': [7]}
+    shapes.update({**linear_shapes('value', 6, 6), **linear_shapes('proj', 6, 6)})
+    shapes['mask'] = [1, 1, 8, 8]
+    rng = generator(2)
+    inputs = [(torch.randn(11, T, 6, generator=rng, dtype=torch.float64),) for T in (5, 7)]
+    return weights_for(shapes, 1), inputs
+
+
+def perceiver_case(block):
+    """DownProjectBlock or UpProjectBlock weights (n_head 2, n_embd 6, block_size 8,
+    bottleneck_dim 4) and inputs: x (3, 8, 6); for the up block also y (3, 4, 6)."""
+    shapes = {}
+    if block == 'down':
+        shapes['C'] = [1, 4, 6]
+    for part in ('key', 'query', 'value', 'proj'):
+        shapes.update(linear_shapes(f"attn.{part}", 6, 6))
+    shapes['attn.mask'] = [1, 1, 8, 8]
+    for norm in ('ln1', 'ln2'):
+        shapes.update({f"{norm}.weight": [6], f"{norm}.bias": [6]})
+    shapes.update({**linear_shapes('mlp.0', 6, 24), **linear_shapes('mlp.2', 24, 6)})
+    rng = generator(4)
+    x = torch.randn(3, 8, 6, generator=rng, dtype=torch.float64)
+    y = torch.randn(3, 4, 6, generator=rng, dtype=torch.float64)
+    return weights_for(shapes, 3), [(x,)] if block == 'down' else [(y, x)]
+
+
+def rope_inputs():
+    """x (2, 3, 10, 8) for apply_rotary_emb, with a table for 12 positions."""
+    return [torch.randn(2, 3, 10, 8, generator=generator(5))]
+
+
+def rope_attention_case():
+    """CausalSelfAttention with rope (n_head 2, n_embd 16, block_size 8): weights, the right
+    rope_cache, and x (3, 6, 16)."""
+    shapes = {}
+    for part in ('key', 'query', 'value', 'proj'):
+        shapes.update(linear_shapes(part, 16, 16))
+    shapes['mask'] = [1, 1, 8, 8]
+    weights = weights_for(shapes, 6)
+    weights['rope_cache'] = rotary_table(8, 8).double()
+    return weights, [(torch.randn(3, 6, 16, generator=generator(7), dtype=torch.float64),)]
+
+
+def linear(x, weights, prefix):
+    return x @ weights[f"{prefix}.weight"].T + weights[f"{prefix}.bias"]
+
+
+def heads(x, n_head):
+    B, T, C = x.shape
+    return x.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, nh, T, hs)
+
+
+def causal_softmax(scores):
+    """softmax over keys j <= i of each query i (scores (..., Tq, Tk))."""
+    Tq, Tk = scores.shape[-2:]
+    above = torch.ones(Tq, Tk, dtype=torch.bool).triu(1)
+    return scores.masked_fill(above, float('-inf')).softmax(-1)
+
+
+def merged(y):
+    B, nh, T, hs = y.shape
+    return y.transpose(1, 2).reshape(B, T, nh * hs)
+
+
+def synthesizer_attention(w, x, n_head):
+    """Handout eq. 11 per head i: softmax(ReLU(X A_i + b_1) B + b_2) (X V_i), B and b_2 cut
+    to the T positions and shared by the heads; the heads side by side, then proj."""
+    T = x.shape[1]
+    a = heads(F.relu(linear(x, w, 'w1')), n_head)  # (B, nh, T, hs)
+    scores = a @ w['w2'][:, :T] + w['b2'][:T]  # (B, nh, T, T)
+    y = causal_softmax(scores) @ heads(linear(x, w, 'value'), n_head)
+    return linear(merged(y), w, 'proj')
+
+
+def cross_attention(w, prefix, x_kv, x_q, n_head):
+    """softmax((x_q Q_i)(x_kv K_i)^T / sqrt(hs)) (x_kv V_i), query i seeing keys 0..i."""
+    q = heads(linear(x_q, w, f"{prefix}.query"), n_head)
+    k = heads(linear(x_kv, w, f"{prefix}.key"), n_head)
+    v = heads(linear(x_kv, w, f"{prefix}.value"), n_head)
+    y = causal_softmax(q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1])) @ v
+    return linear(merged(y), w, f"{prefix}.proj")
+
+
+def layer_norm(x, w, prefix):
+    return F.layer_norm(x, x.shape[-1:], w[f"{prefix}.weight"], w[f"{prefix}.bias"])
+
+
+def mlp(x, w):
+    return linear(F.gelu(linear(x, w, 'mlp.0')), w, 'mlp.2')
+
+
+def down_block(w, x, n_head):
+    """y = C + attn(kv=x, q=ln1(C)), then y + mlp(ln2(y))."""
+    basis = w['C'].expand(x.shape[0], -1, -1)
+    y = basis + cross_attention(w, 'attn', x, layer_norm(basis, w, 'ln1'), n_head)
+    return y + mlp(layer_norm(y, w, 'ln2'), w)
+
+
+def up_block(w, y, x, n_head):
+    """out = x + attn(kv=ln1(y), q=x), then out + mlp(ln2(out))."""
+    out = x + cross_attention(w, 'attn', layer_norm(y, w, 'ln1'), x, n_head)
+    return out + mlp(layer_norm(out, w, 'ln2'), w)
+
+
+def rotary_table(dim, positions):
+    """(positions, dim/2, 2): cos and sin of t theta_i, theta_i = 10000^(-2(i-1)/dim)."""
+    i = torch.arange(1, dim // 2 + 1, dtype=torch.float64)
+    theta = 10000.0 ** (-2 * (i - 1) / dim)
+    angles = torch.arange(positions, dtype=torch.float64)[:, None] * theta
+    return torch.stack((angles.cos(), angles.sin()), dim=-1).float()
+
+
+def rotate(x, table):
+    """(x_{2i-1} + i x_{2i}) e^{i t theta_i} for each adjacent pair, t = 0..T-1."""
+    T = x.shape[-2]
+    pairs = torch.view_as_complex(x.double().reshape(*x.shape[:-1], -1, 2).contiguous())
+    turns = torch.view_as_complex(table[:T].double().contiguous())  # (T, hs/2)
+    return torch.view_as_real(pairs * turns).flatten(-2)
+
+
+def rope_attention(w, x, n_head):
+    q = rotate(heads(linear(x, w, 'query'), n_head), w['rope_cache'])
+    k = rotate(heads(linear(x, w, 'key'), n_head), w['rope_cache'])
+    v = heads(linear(x, w, 'value'), n_head)
+    y = causal_softmax(q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1])) @ v
+    return linear(merged(y), w, 'proj')
+
+
+# --- The probes: what each runs of the submission ------------------------------------------
+
+
+def probe_arguments(g, key):
+    """(probe name, arguments, files to put in its folder) of a probe of g's submission."""
+    edition, variant = g.edition, g.edition['variant']
+    flags = ['--edition', g.edition_name] if g.takes_edition else []
+    writing = ['--writing_params_path', f"{key}.params"]
+    finetune = ['--finetune_corpus_path', 'birth_places_train.tsv']
+    if key == 'finetune':
+        return 'command', dict(
+            argv=['finetune', 'vanilla', 'wiki.txt'] + writing + finetune + flags
+        )
+    if key == 'pretrain':
+        return 'command', dict(argv=['pretrain', 'vanilla', 'wiki.txt'] + writing + flags)
+    if key == 'finetune_pretrained':
+        argv = ['finetune', 'vanilla', 'wiki.txt', '--reading_params_path', 'pretrained.params']
+        argv += writing + finetune + flags
+        return 'command', dict(argv=argv, reading_params='pretrained.params')
+    if key == 'variant':
+        argv = ['finetune', variant, 'wiki.txt'] + writing + finetune + edition['flags'] + flags
+        return 'command', dict(argv=argv)
+    if key == 'span':
+        padded = SPAN_BLOCK + edition['extra_pad']
+        text = '\n'.join(span_documents())
+        return 'span', dict(
+            text=text, block_size=SPAN_BLOCK, padded_length=padded, draws=SPAN_DRAWS, seed=0
+        )
+    if key == 'synthesizer':
+        weights, inputs = synthesizer_case()
+        config = dict(vocab_size=10, block_size=8, n_layer=1, n_head=3, n_embd=6)
+        return 'module', dict(
+            modules=['attention'], name='SynthesizerAttention', config=config, state=weights,
+            inputs=inputs,
+        )  # fmt: skip
+    if key in ('down', 'up'):
+        weights, inputs = perceiver_case(key)
+        config = dict(vocab_size=10, block_size=8, n_layer=4, n_head=2, n_embd=6,
+                      bottleneck_dim=4, perceiver=True)  # fmt: skip
+        name = 'DownProjectBlock' if key == 'down' else 'UpProjectBlock'
+        return 'module', dict(
+            modules=['perceiver', 'model'], name=name, config=config, state=weights, inputs=inputs
+        )
+    if key == 'rope':
+        calls = [
+            ('precompute_rotary_emb', (8, 12)),
+            ('apply_rotary_emb', (rope_inputs()[0], rotary_table(8, 12))),
+        ]
+        return 'functions', dict(module_name='attention', calls=calls)
+    if key == 'rope_attention':
+        weights, inputs = rope_attention_case()
+        config = dict(vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=16, rope=True)
+        return 'module', dict(
+            modules=['attention'], name='CausalSelfAttention', config=config, state=weights,
+            inputs=inputs,
+        )  # fmt: skip
+    if key == 'london':
+        return 'london', dict(accuracy_file=ACCURACY_FILE)
+    raise KeyError(key)
+
+
+def start_method():
+    """A fresh process per probe: forked from a server that has torch loaded already where
+    the platform has one (Linux, macOS), else started from scratch (Windows)."""
+    methods = multiprocessing.get_all_start_methods()
+    if 'forkserver' in methods:
+        context = multiprocessing.get_context('forkserver')
+        # what every probe loads, once: creating an optimizer imports torch._dynamo (1.5 s)
+        context.set_forkserver_preload(['torch', 'torch._dynamo', 'numpy', 'probes'])
+        return context
+    return multiprocessing.get_context('spawn')
+
+
+CONTEXT = start_method()
+
+
+def run_probe(folder, name, arguments, timeout):
+    """Runs one probe in a process of its own: {'ok': result} or {'error': reason}."""
+    inputs, log, result = folder / 'probe.inputs', folder / 'probe.log', folder / 'probe.result'
+    torch.save(arguments, inputs)
+    process = CONTEXT.Process(
+        target=probes.run_probe, args=(name, str(folder), str(inputs), str(log), str(result))
+    )
+    process.start()
+    process.join(timeout)
+    if process.is_alive():
+        process.kill()
+        process.join()
+        return {'error': f"timed out after {timeout:g} s"}
+    if not result.exists():
+        tail = last_line(log)
+        return {
+            'error': f"the process ended without a result (exit code {process.exitcode})"
+            + (f": {tail}" if tail else '')
+        }
+    try:
+        outcome = torch.load(result, weights_only=True)
+    except Exception as e:
+        return {'error': f"its result cannot be read: {str(e).splitlines()[0][:120]}"}
+    if outcome.get('error', '').endswith('printed:'):
+        outcome['error'] += ' ' + (last_line(log) or 'nothing')
+    return outcome
+
+
+def last_line(path):
+    try:
+        lines = [line.strip() for line in Path(path).read_text(errors='replace').split('\n')]
+    except OSError:
+        return ''
+    lines = [line for line in lines if line]
+    return lines[-1][:200] if lines else ''
+
+
+# --- Grading a submission -----------------------------------------------------------------
+
+
+class Grading:
+    """One submission being graded: its files, the edition, the data, the probes' results."""
+
+    def __init__(self, submission, edition_name, data, answers, work, timeout):
+        self.submission, self.edition_name = submission, edition_name
+        self.edition = EDITIONS[edition_name]
+        self.data, self.answers, self.work, self.timeout = data, answers, work, timeout
+        self.results, self.span = {}, None
+        run_py = submission / 'src' / 'run.py'
+        text = run_py.read_text(errors='replace') if run_py.exists() else ''
+        self.takes_edition = "'--edition'" in text or '"--edition"' in text
+        self.vocab_size = len(set((data / 'wiki.txt').read_text(encoding='utf-8'))) + 2
+        self.corpus_lines = len((data / 'wiki.txt').read_text(encoding='utf-8').split('\n'))
+
+    def path(self, name):
+        path = self.submission / name
+        if not path.is_file():
+            raise Fail(f"{name} is missing")
+        return path
+
+    def read(self, name):
+        return self.path(name).read_text(encoding='utf-8', errors='replace')
+
+    def probe(self, key):
+        outcome = self.results[key]
+        if 'error' in outcome:
+            raise Fail(outcome['error'])
+        return outcome['ok']
+
+    def log(self, key):
+        return (self.work / key / 'probe.log').read_text(errors='replace')
+
+    def architecture(self, variant):
+        shapes = json.loads(ARCHITECTURES.read_text())[variant]
+        return {
+            name: [self.vocab_size if d == 'vocab' else d for d in shape]
+            for name, shape in shapes.items()
+        }
+
+    def settings(self, epochs, batch, lr, schedule_epochs):
+        return dict(
+            max_epochs=epochs, batch_size=batch, learning_rate=lr, betas=[0.9, 0.95],
+            grad_norm_clip=1.0, weight_decay=0.1, lr_decay=True, warmup_tokens=512 * 20,
+            final_tokens=schedule_epochs * self.corpus_lines * BLOCK_SIZE, ckpt_path=None,
+        )  # fmt: skip
+
+    def gold(self, split):
+        if split == 'dev':
+            lines = read_lines(self.data / 'birth_dev.tsv')
+        else:
+            lines = self.answers
+        return [line.split('\t')[1].strip() for line in lines]
+
+    def predictions(self, name, split):
+        """The prediction file's lines, one per question of the split's file."""
+        questions = read_lines(
+            self.data / ('birth_dev.tsv' if split == 'dev' else 'birth_test_inputs.tsv')
+        )
+        lines = read_lines(self.path(name))
+        if len(lines) != len(questions):
+            raise Fail(f"{name} has {len(lines)} lines for {len(questions)} questions")
+        return lines
+
+    def london_accuracy(self):
+        gold = self.gold('dev')
+        return 100 * sum(place == 'London' for place in gold) / len(gold)
+
+    def run_probes(self, keys, jobs):
+        def one(key):
+            folder = self.work / key
+            prepare_folder(folder, self.submission, self.data)
+            if key == 'finetune_pretrained':
+                state = weights_for(self.architecture('vanilla'), 8)
+                torch.save({k: t.float() for k, t in state.items()}, folder / 'pretrained.params')
+            name, arguments = probe_arguments(self, key)
+            return key, run_probe(folder, name, arguments, self.timeout)
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            self.results.update(pool.map(one, keys))
+
+
+def read_lines(path):
+    """The lines of a text file, without line ends, the empty one after a final newline
+    dropped (as files.read_lines does)."""
+    lines = Path(path).read_text(encoding='utf-8', errors='replace').split('\n')
+    if lines and lines[-1] == '':
+        lines.pop()
+    return [line.rstrip('\r') for line in lines]
+
+
+def prepare_folder(folder, submission, data):
+    """A probe's folder: copies of the submission's src/ and london_baseline.py, and the data."""
+    folder.mkdir(parents=True)
+    shutil.copytree(
+        submission / 'src', folder / 'src', ignore=shutil.ignore_patterns('__pycache__', '*.pyc')
+    )
+    if (submission / 'london_baseline.py').is_file():
+        shutil.copy(submission / 'london_baseline.py', folder)
+    for name in DATA_FILES:
+        shutil.copy(data / name, folder)
+
+
+def tests_for(edition_name, answers):
+    """The edition's tests, named for it."""
+    edition = EDITIONS[edition_name]
+    chosen = []
+    for t in TESTS:
+        if edition_name in t.editions and (answers or not t.answers):
+            chosen.append((t.name.format(**edition), t))
+    return chosen
+
+
+def grade(submission, edition_name, data, answers=None, timeout=60, jobs=None, only=None):
+    """Grades one submission folder: [(test name, score, max score, reason or None)].
+    `only`: the names of the tests to run (all by default)."""
+    jobs = jobs or max(1, min(4, os.cpu_count() or 1))
+    chosen = [
+        (n, t) for n, t in tests_for(edition_name, answers is not None) if not only or n in only
+    ]
+    with tempfile.TemporaryDirectory(prefix='grading-') as work:
+        g = Grading(submission, edition_name, data, answers, Path(work), timeout)
+        keys = sorted({key for _, t in chosen for key in t.probes})
+        g.run_probes(keys, jobs)
+        rows = []
+        for name, t in chosen:
+            try:
+                t.check(g)
+                rows.append((name, t.points, t.points, None))
+            except Fail as e:
+                rows.append((name, 0, t.points, str(e)))
+    return rows
+
+
+# --- The command line ----------------------------------------------------------------------
+
+
+class UserError(Exception):
+    """Bad input: one line, exit status 2."""
+
+
+def unpacked(path, into):
+    """The folder holding src/ in the submission `path` (a folder, or a zip unpacked into
+    `into`)."""
+    if path.is_file() and zipfile.is_zipfile(path):
+        target = into / f"{len(list(into.iterdir()))}"
+        with zipfile.ZipFile(path) as z:
+            z.extractall(target)  # zipfile drops absolute paths and '..' from the names
+        path = target
+    elif not path.is_dir():
+        raise UserError(f"{path}: neither a folder nor a zip file")
+    if (path / 'src').is_dir():
+        return path
+    inner = [p for p in path.iterdir() if (p / 'src').is_dir()]
+    if len(inner) == 1:
+        return inner[0]
+    raise UserError(f"{path}: no src/ folder in it (a submission holds src/ and the outputs)")
+
+
+def guess_edition(path, submission):
+    for edition_name in ('2021', '2023', '2024'):
+        variant = EDITIONS[edition_name]['variant']
+        if any(submission.glob(f"{variant}.*")):
+            return edition_name
+    return '2024' if path.name == 'assignment4_submission.zip' else '2021'
+
+
+def read_answers(path, data):
+    if path is None:
+        return None
+    if not path.is_file():
+        raise UserError(f"--answers {path}: no such file")
+    lines = read_lines(path)
+    questions = read_lines(data / 'birth_test_inputs.tsv')
+    if len(lines) != len(questions):
+        raise UserError(
+            f"--answers {path}: {len(lines)} lines, but birth_test_inputs.tsv has {len(questions)}"
+        )
+    for number, line in enumerate(lines, start=1):
+        if len(line.split('\t')) != 2:
+            raise UserError(f"--answers {path}, line {number}: not 'question<TAB>place'")
+    return lines
+
+
+def table(rows, title, seconds):
+    out = io.StringIO()
+    print(title, file=out)
+    for name, score, points, reason in rows:
+        print(f"  {score:>2}/{points:<2}  {name}", file=out)
+        if reason:
+            print(f"          {reason}", file=out)
+    score = sum(r[1] for r in rows)
+    points = sum(r[2] for r in rows)
+    print(f"  total {score}/{points}  ({seconds:.1f} s)", file=out)
+    return out.getvalue()
+
+
+def results_json(rows):
+    """Gradescope's results.json."""
+    return {
+        'score': sum(r[1] for r in rows),
+        'tests': [
+            dict(
+                name=name, score=score, max_score=points,
+                status='passed' if reason is None else 'failed',
+                output=reason or 'passed', visibility='visible',
+            )
+            for name, score, points, reason in rows
+        ],
+    }  # fmt: skip
+
+
+def parse_args(argv):
+    argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    argp.add_argument('submissions', nargs='+', type=Path, help="folders or zip files")
+    argp.add_argument('--edition', choices=sorted(EDITIONS), help="default: told from the files")
+    argp.add_argument('--data', type=Path, default=ROOT / 'data', help="the data files' folder")
+    argp.add_argument('--answers', type=Path, help="birth_test_inputs.tsv with the places")
+    argp.add_argument('--json', type=Path, help="write Gradescope's results.json here")
+    argp.add_argument('--csv', type=Path, help="write a row per submission here")
+    argp.add_argument('--timeout', type=float, default=60, help="seconds per probe (60)")
+    argp.add_argument('--jobs', type=int, help="probes run at once (default: up to 4)")
+    return argp.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        for name in DATA_FILES:
+            if not (args.data / name).is_file():
+                raise UserError(f"--data {args.data}: {name} is missing (data/README.md)")
+        if args.json and len(args.submissions) > 1:
+            raise UserError(
+                "--json takes one submission (results.json is Gradescope's, per student)"
+            )
+        answers = read_answers(args.answers, args.data)
+        with tempfile.TemporaryDirectory(prefix='submissions-') as unpack:
+            graded = []
+            for path in args.submissions:
+                submission = unpacked(path, Path(unpack))
+                edition = args.edition or guess_edition(path, submission)
+                start = time.perf_counter()
+                rows = grade(submission, edition, args.data, answers, args.timeout, args.jobs)
+                seconds = time.perf_counter() - start
+                guessed = '' if args.edition else ', told from its files; --edition to choose'
+                print(table(rows, f"{path} ({edition} edition{guessed})", seconds))
+                graded.append((path, rows))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        args.json.write_text(json.dumps(results_json(graded[0][1]), indent=2) + '\n')
+    if args.csv:
+        names = [r[0] for r in graded[0][1]]
+        with open(args.csv, 'w', newline='', encoding='utf-8') as f:
+            writer = csv.writer(f)
+            writer.writerow(['submission', 'score', 'max_score'] + names)
+            for path, rows in graded:
+                scores = {r[0]: r[1] for r in rows}
+                total, points = sum(r[1] for r in rows), sum(r[2] for r in rows)
+                writer.writerow([str(path), total, points] + [scores.get(n, '') for n in names])
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""What grade.py runs of a submission's code, each probe in its own process (grade.run_probe):
+the process works in a folder of its own holding a copy of the submission's src/ and
+london_baseline.py and the data files, imports the submission's modules from there, and
+leaves its result in a file. This module imports nothing of ours besides torch and
+numpy, so that only the submission's code answers.
+
+  command     a handout command, run.py as the student wrote it, with Trainer.train
+              intercepted: the TrainerConfig and the model it was given, never training
+  span        examples drawn from the submission's CharCorruptionDataset
+  module      a module (SynthesizerAttention, DownProjectBlock, ...) built from the
+              submission's class with given weights, and its outputs on given inputs
+  functions   the submission's RoPE functions on given inputs
+  london      london_baseline.py run as the handout says, and what it printed and wrote
+"""
+
+import importlib
+import inspect
+import os
+import random
+import runpy
+import sys
+import traceback
+
+import numpy as np
+import torch
+
+# the TrainerConfig fields a phase's settings are checked by
+CONFIG_FIELDS = (
+    'max_epochs',
+    'batch_size',
+    'learning_rate',
+    'betas',
+    'grad_norm_clip',
+    'weight_decay',
+    'lr_decay',
+    'warmup_tokens',
+    'final_tokens',
+    'ckpt_path',
+    'num_workers',
+)
+
+
+# the assignment's own modules: only the submission's may be imported
+MODULES = ('run.py', 'model.py', 'attention.py', 'dataset.py', 'trainer.py', 'utils.py')
+
+
+class Failure(Exception):
+    """What went wrong, in a line for the student."""
+
+
+class Captured(BaseException):
+    """Raised in place of training: a BaseException, so that no `except Exception` in the
+    submission stops it."""
+
+
+def run_probe(name, folder, inputs, log, result):
+    """The process's whole work: the probe `name` on the arguments saved in `inputs`, in
+    `folder`, its stdout and stderr in `log`; {'ok': what it found} or {'error': a line}
+    saved to `result`."""
+    arguments = torch.load(inputs, weights_only=True)
+    descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(descriptor, 1)
+    os.dup2(descriptor, 2)
+    os.chdir(folder)
+    # the submission's modules, and no other folder's of the same names (a test run's src/)
+    others = [
+        p for p in sys.path if not any(os.path.exists(os.path.join(p or '.', m)) for m in MODULES)
+    ]
+    sys.path[:] = [os.path.join(folder, 'src'), folder] + others
+    sys.argv = [name]
+    torch.set_num_threads(1)  # probes run side by side
+    try:
+        outcome = {'ok': PROBES[name](**arguments)}
+    except Failure as e:
+        outcome = {'error': str(e)}
+    except BaseException as e:  # the submission's exception, exit or interrupt, in a line
+        outcome = {'error': one_line(e, folder)}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    torch.save(outcome, result)
+
+
+def one_line(error, folder):
+    """'NotImplementedError: [part e] ... (src/dataset.py:63)': the exception and the last
+    place in the submission's files it went through."""
+    text = traceback.format_exception_only(type(error), error)[-1].strip().split('\n')[0]
+    if isinstance(error, SystemExit):
+        text = f"exited with status {error.code}"
+    if isinstance(error, SyntaxError) and error.filename:  # where it is, not where it was read
+        where = os.path.relpath(error.filename, folder)
+        return f"{type(error).__name__}: {error.msg} ({where}:{error.lineno})"
+    where = [
+        f"{os.path.relpath(frame.filename, folder)}:{frame.lineno}"
+        for frame in traceback.extract_tb(error.__traceback__)
+        if os.path.abspath(frame.filename).startswith(os.path.abspath(folder) + os.sep)
+    ]
+    return text + (f" ({where[-1]})" if where else '')
+
+
+def plain(value):
+    """A config value as numbers, strings and lists only (the result file holds nothing else)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [plain(v) for v in value]
+    if isinstance(value, np.generic) or (torch.is_tensor(value) and value.numel() == 1):
+        return value.item()
+    return repr(value)
+
+
+def command(argv, reading_params=None):
+    """`python src/run.py ARGV` up to the training: the Trainer's config and its model's
+    state_dict shapes (and, given reading_params, how many of that file's tensors the
+    model holds)."""
+    import trainer
+
+    found = {}
+
+    def intercepted_train(self):
+        found['config'] = {name: plain(getattr(self.config, name, None)) for name in CONFIG_FIELDS}
+        state = self.model.state_dict()
+        found['shapes'] = {name: list(tensor.shape) for name, tensor in state.items()}
+        if reading_params:
+            given = torch.load(reading_params, map_location='cpu', weights_only=True)
+            found['loaded'] = sum(
+                name in state and torch.equal(state[name].detach().cpu(), tensor)
+                for name, tensor in given.items()
+            )
+            found['given'] = len(given)
+        raise Captured
+
+    trainer.Trainer.train = intercepted_train
+    sys.argv = ['src/run.py'] + argv
+    try:
+        runpy.run_path(os.path.join('src', 'run.py'), run_name='__main__')
+    except Captured:
+        return found
+    except SystemExit as e:
+        if e.code in (None, 0):
+            raise Failure("run.py ended without training")
+        raise Failure(f"run.py stopped before training, with status {e.code}; it printed:")
+    raise Failure("run.py ended without training")
+
+
+def span(text, block_size, padded_length, draws, seed):
+    """`draws` examples from CharCorruptionDataset(text, block_size), taking the documents in
+    turn, after seeding random, numpy and torch: [(document index, x, y)] as strings."""
+    import dataset
+
+    cls = dataset.CharCorruptionDataset
+    extra = {}
+    if padded_length and 'padded_length' in inspect.signature(cls).parameters:
+        extra['padded_length'] = padded_length  # the 2024 rule, where the class takes it
+    corpus = cls(text, block_size, **extra)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    examples = []
+    for i in range(draws):
+        index = i % len(corpus)
+        x, y = corpus[index]
+        examples.append((index, decode(x, corpus.itos), decode(y, corpus.itos)))
+    return {'examples': examples, 'pad': corpus.PAD_CHAR, 'mask': corpus.MASK_CHAR}
+
+
+def decode(ids, itos):
+    ids = ids.tolist() if torch.is_tensor(ids) else list(ids)
+    return ''.join(itos[int(i)] for i in ids)
+
+
+def module(modules, name, config, state, inputs):
+    """The class `name` of the first of `modules` that has it, built from the submission's
+    GPTConfig(**config), given `state` (exactly its names and shapes), in float64 and eval
+    mode: its output for each tuple of `inputs`."""
+    import model
+
+    cls = find(modules, name)
+    vocab_size, block_size = config.pop('vocab_size'), config.pop('block_size')
+    built = cls(model.GPTConfig(vocab_size, block_size, **config))
+    check_names(built.state_dict(), state, name)
+    built.double().eval()  # first: loaded into float32, the weights would be rounded
+    built.load_state_dict(state)
+    with torch.no_grad():
+        return [built(*[t.double() for t in args]) for args in inputs]
+
+
+def functions(module_name, calls):
+    """[function(*args)] for each (function name, args) of `calls`, from the submission's
+    module `module_name`."""
+    found = importlib.import_module(module_name)
+    results = []
+    for name, args in calls:
+        if not hasattr(found, name):
+            raise Failure(f"src/{module_name}.py has no function {name}")
+        results.append(getattr(found, name)(*args))
+    return results
+
+
+def find(modules, name):
+    for module_name in modules:
+        try:
+            found = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name != module_name:
+                raise
+            continue
+        if hasattr(found, name):
+            return getattr(found, name)
+    raise Failure(f"no class {name} in {' or '.join(f'src/{m}.py' for m in modules)}")
+
+
+def check_names(own, given, name):
+    """The module's state_dict must hold exactly the given names, with their shapes."""
+    missing = sorted(set(given) - set(own))
+    unexpected = sorted(set(own) - set(given))
+    if missing or unexpected:
+        words = [f"lacks {', '.join(missing)}" if missing else '']
+        words += [f"has {', '.join(unexpected)} besides" if unexpected else '']
+        raise Failure(f"{name}'s state_dict {' and '.join(w for w in words if w)}")
+    for key, tensor in given.items():
+        if list(own[key].shape) != list(tensor.shape):
+            raise Failure(
+                f"{name}'s {key} has shape {list(own[key].shape)}, not {list(tensor.shape)}"
+            )
+
+
+def london(accuracy_file):
+    """`python london_baseline.py` in this folder: what it wrote to accuracy_file (None if
+    nothing); grade.py reads what it printed from the log."""
+    sys.argv = ['london_baseline.py']
+    try:
+        runpy.run_path('london_baseline.py', run_name='__main__')
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise Failure(f"london_baseline.py stopped with status {e.code}; it printed:")
+    written = None
+    if os.path.exists(accuracy_file):
+        with open(accuracy_file, encoding='utf-8', errors='replace') as f:
+            written = f.read()
+    return {'written': written}
+
+
+PROBES = {
+    'command': command,
+    'span': span,
+    'module': module,
+    'functions': functions,
+    'london': london,
+}

@@ -1,0 +1,200 @@
+"""Writes the assignment's starter code for one handout edition: this repository's code with
+the parts that edition asks students to write replaced by stubs.
+
+    python grading/starter.py 2021 ../a5-starter     # vanilla + synthesizer
+    python grading/starter.py 2023 ../a5-starter     # vanilla + perceiver
+    python grading/starter.py 2024 ../a4-starter     # vanilla + RoPE (2025: the same)
+
+A student's part is marked in our code by a comment line right above the statement it
+covers, labelled as the handout labels it: `# [part e]` (every edition) or
+`# [part g, 2021]` (that edition only; 2024 covers 2025). The statement is a def or an
+if; the starter keeps its first line and docstring and replaces the rest of its body with
+`raise NotImplementedError("[part e] ...")`, and the marker becomes `# TODO [part e] ...`.
+Everything else is our code, so a completed starter trains through the student's code
+with our speed, resumable runs and checks.
+"""
+
+import argparse
+import ast
+import re
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EDITIONS = ('2021', '2023', '2024', '2025')
+# what the starter holds: the code, the grader to check it with, and the data's README;
+# never the tests (they test our solution), the published results or the starter writer
+INCLUDED = [
+    'src',
+    'grading',
+    'mingpt-demo',
+    'data/README.md',
+    'london_baseline.py',
+    'collect_submission.sh',
+    'requirements.txt',
+    'environment.yml',
+    'pyproject.toml',
+    '.gitignore',
+]
+EXCLUDED = {'grading/starter.py'}
+MARKED = ['src/*.py', 'london_baseline.py']  # the files the markers may be in
+STUB = 'raise NotImplementedError("'
+# the lines that make the edition the starter's default, in run.py and collect_submission.sh
+DEFAULTS = {
+    'src/run.py': ("DEFAULT_EDITION = None", "DEFAULT_EDITION = '{edition}'"),
+    'collect_submission.sh': ('edition="${1:-2021}"', 'edition="${{1:-{edition}}}"'),
+}
+MARKER = re.compile(r'^(\s*)# (\[part [a-g](?:, \d{4})?\](?: \[part [a-g](?:, \d{4})?\])*)(.*)$')
+TAG = re.compile(r'\[part ([a-g])(?:, (\d{4}))?\]')
+
+README = """# The assignment's starter ({edition} edition)
+
+The parts the handout asks you to write raise NotImplementedError; each is marked
+`# TODO [part X]`, and its docstring (or the TODO line) says what to write:
+
+{parts}
+
+Put the data files in data/ (data/README.md), install (`pip install -r requirements.txt`),
+then run the handout's commands, for example `python src/dataset.py charcorruption` for
+part (e). Check your work at any time, from this folder:
+
+    python grading/grade.py . --edition {edition}
+
+It runs each check of your code in a separate process with a time limit and prints a
+table of the tests, their points, and why a test failed. Tests of results (params and
+prediction files) pass once you have run the handout's commands.
+"""
+
+
+def applies(tags, edition):
+    """Whether a marker's tags ([('e', ''), ('g', '2021')]) name this edition."""
+    edition = '2024' if edition == '2025' else edition
+    return any(year in ('', edition) for _, year in tags)
+
+
+def stubs(text, edition):
+    """The marked regions of a source file for the edition: a list of (first, last, lines),
+    1-based lines first..last of `text` to be replaced by `lines`."""
+    lines = text.split('\n')
+    statements = {}  # the first line of each def/if -> its node
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.If)):
+            first = min([node.lineno] + [d.lineno for d in getattr(node, 'decorator_list', [])])
+            statements[first] = node
+    regions = []
+    for number, line in enumerate(lines, start=1):
+        match = MARKER.match(line)
+        if not match:
+            continue
+        indent, label, what = match.groups()
+        node = statements.get(number + 1)
+        if node is None:
+            raise ValueError(f"line {number}: '{label}' is not right above a def or an if")
+        tags = TAG.findall(label)
+        if not applies(tags, edition):
+            continue
+        parts = ' '.join(f"[part {letter}]" for letter, _ in tags)
+        what = what.strip() or f"write {qualified_name(node, text)} (its docstring says what)"
+        body = node.body
+        if isinstance(node, ast.FunctionDef) and ast.get_docstring(node) is not None:
+            start = body[0].end_lineno + 1
+            body = body[1:]
+        else:  # from the line after the header: the comments before the first statement too
+            start = body[0].lineno
+            while start - 1 > node.lineno and lines[start - 2].strip().startswith('#'):
+                start -= 1
+        if not body:
+            raise ValueError(f"line {number}: the statement under '{label}' has no body")
+        pad = ' ' * body[0].col_offset
+        message = f"{parts} {what}".replace('"', "'")
+        regions.append((number, number, [f"{indent}# TODO {label}{match.group(3)}"]))
+        regions.append((start, node.end_lineno, [f'{pad}{STUB}{message}")']))
+    return regions
+
+
+def qualified_name(node, text):
+    """Class.method or function, as the student finds it."""
+    for parent in ast.walk(ast.parse(text)):
+        if isinstance(parent, ast.ClassDef) and any(
+            isinstance(child, ast.FunctionDef) and child.lineno == node.lineno
+            for child in parent.body
+        ):
+            return f"{parent.name}.{node.name}"
+    return node.name
+
+
+def stubbed(text, regions):
+    """text with each region's lines replaced."""
+    lines = text.split('\n')
+    for first, last, new in sorted(regions, reverse=True):
+        lines[first - 1 : last] = new
+    return '\n'.join(lines)
+
+
+def starter_files(edition):
+    """{relative path: text or None (copied as it is)} of the starter."""
+    marked = {p for pattern in MARKED for p in ROOT.glob(pattern)}
+    files = {}
+    for name in INCLUDED:
+        path = ROOT / name
+        for p in sorted(path.rglob('*')) if path.is_dir() else [path]:
+            relative = p.relative_to(ROOT).as_posix()
+            if p.is_dir() or relative in EXCLUDED or '__pycache__' in p.parts:
+                continue
+            text = None
+            if p in marked:
+                text = p.read_text(encoding='utf-8')
+                text = stubbed(text, stubs(text, edition))
+            if relative in DEFAULTS:
+                text = p.read_text(encoding='utf-8') if text is None else text
+                old, new = DEFAULTS[relative]
+                if text.count(old) != 1:
+                    raise ValueError(f"{relative}: '{old}' should occur once")
+                text = text.replace(old, new.format(edition=edition))
+            files[relative] = text
+    return files
+
+
+def parts_list(files):
+    """The README's list: each stub of the starter, with its file."""
+    todos = []
+    for relative, text in files.items():
+        for line in (text or '').split('\n'):
+            if line.strip().startswith(STUB):
+                todos.append(f"- {relative}: {line.strip()[len(STUB) : -2]}")
+    return '\n'.join(todos)
+
+
+def write_starter(edition, out):
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise SystemExit(f"error: {out} exists and is not empty; name a new folder")
+    files = starter_files(edition)
+    for relative, text in files.items():
+        target = out / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if text is None:
+            shutil.copy2(ROOT / relative, target)
+        else:
+            target.write_text(text, encoding='utf-8')
+    readme = README.format(edition=edition, parts=parts_list(files))
+    (out / 'README.md').write_text(readme, encoding='utf-8')
+    (out / 'data').mkdir(exist_ok=True)
+    return files
+
+
+def main(argv=None):
+    argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    argp.add_argument('edition', choices=EDITIONS, help="the handout edition")
+    argp.add_argument('out', help="the folder to write the starter to (new or empty)")
+    args = argp.parse_args(argv)
+    files = write_starter(args.edition, args.out)
+    stubs_written = sum((t or '').count(STUB) for t in files.values())
+    print(
+        f"wrote the {args.edition} starter to {args.out}: {len(files)} files, {stubs_written} stubs"
+    )
+
+
+if __name__ == '__main__':
+    sys.exit(main())

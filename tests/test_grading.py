@@ -1,0 +1,360 @@
+"""The starter (grading/starter.py) and the local autograder (grading/grade.py): our code
+gets full marks in every edition and the starter none; each classic student mistake,
+planted in a copy of our code, loses exactly the tests it should; a hang, a crash or a
+syntax error fails its tests with a one-line reason and the grading goes on."""
+
+import csv
+import hashlib
+import json
+import shutil
+import sys
+import zipfile
+
+import pytest
+import torch
+
+import run
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / 'grading'))
+import grade  # noqa: E402
+import starter  # noqa: E402
+
+EDITIONS = ['2021', '2023', '2024']
+SECOND = {'2021': 'synthesizer', '2023': 'perceiver', '2024': 'rope'}
+
+
+def make_submission(folder, source=ROOT):
+    """A submission as collect_submission.sh packs it, for every edition at once: src/,
+    london_baseline.py, untrained params of the handout's models, the published
+    predictions and the London baseline's accuracy file."""
+    shutil.copytree(source / 'src', folder / 'src', ignore=shutil.ignore_patterns('__pycache__'))
+    shutil.copy(source / 'london_baseline.py', folder)
+    vocab = len(set((ROOT / 'data' / 'wiki.txt').read_text(encoding='utf-8'))) + 2
+    for name, variant in [('vanilla.model', 'vanilla'), ('vanilla.finetune', 'vanilla')] + [
+        (f"{v}.finetune", v) for v in SECOND.values()
+    ]:
+        gpt = run.new_model(variant, vocab, 64 if variant == 'perceiver' else 32)
+        torch.save(gpt.state_dict(), folder / f"{name}.params")
+    for path in (ROOT / 'results').glob('*.predictions'):
+        shutil.copy(path, folder)
+    (folder / grade.ACCURACY_FILE).write_text('5.0\n')
+    return folder
+
+
+@pytest.fixture(scope='module')
+def ours(tmp_path_factory):
+    if not (ROOT / 'data' / 'wiki.txt').exists():
+        pytest.skip("needs the assignment's data in data/ (data/README.md)")
+    return make_submission(tmp_path_factory.mktemp('ours'))
+
+
+@pytest.fixture(scope='module')
+def our_grades(ours):
+    return {e: grade.grade(ours, e, ROOT / 'data') for e in EDITIONS}
+
+
+def snapshot(folder):
+    return {
+        p.relative_to(folder).as_posix(): hashlib.md5(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob('*'))
+        if p.is_file()
+    }
+
+
+@pytest.mark.parametrize('edition', EDITIONS)
+def test_our_code_gets_full_marks(ours, our_grades, edition):
+    rows = our_grades[edition]
+    assert [(name, reason) for name, score, points, reason in rows if score < points] == []
+    names = [name for name, *_ in rows]
+    assert any(name.startswith(f"(g) the {SECOND[edition]} model") for name in names)
+    assert all(name[:4] in ('(c) ', '(d) ', '(e) ', '(f) ', '(g) ') for name in names)
+
+
+def test_grading_writes_nothing_into_the_submission(ours):
+    before = snapshot(ours)
+    grade.grade(
+        ours, '2021', ROOT / 'data', only={'(d) London baseline: london_baseline.py\'s accuracy'}
+    )
+    assert snapshot(ours) == before
+
+
+@pytest.mark.parametrize('edition', EDITIONS)
+def test_the_starter_gets_no_marks(tmp_path, edition):
+    if not (ROOT / 'data' / 'wiki.txt').exists():
+        pytest.skip("needs the assignment's data in data/")
+    starter.write_starter(edition, tmp_path)
+    rows = grade.grade(tmp_path, edition, ROOT / 'data')
+    assert sum(score for _, score, _, _ in rows) == 0
+    reasons = {name: reason for name, _, _, reason in rows}
+    code = [n for n, t in grade.tests_for(edition, False) if t.probes]
+    for name in code:  # each fails at a stub, which names its part
+        assert 'NotImplementedError: [part ' in reasons[name], (name, reasons[name])
+    for name in set(reasons) - set(code):  # the handout's outputs are not made yet
+        assert reasons[name].endswith('is missing'), (name, reasons[name])
+    assert "DEFAULT_EDITION = '%s'" % edition in (tmp_path / 'src' / 'run.py').read_text()
+    assert f'edition="${{1:-{edition}}}"' in (tmp_path / 'collect_submission.sh').read_text()
+    readme = (tmp_path / 'README.md').read_text()
+    assert f"python grading/grade.py . --edition {edition}" in readme
+    assert 'src/dataset.py: [part e] write CharCorruptionDataset.__getitem__' in readme
+    assert not (tmp_path / 'tests').exists() and not (tmp_path / 'grading' / 'starter.py').exists()
+
+
+# what each edition's starter stubs: (file, the stub's first words)
+STUBS = {
+    '2021': {
+        ('src/dataset.py', '[part e] write CharCorruptionDataset.__getitem__'),
+        ('src/run.py', '[part f] write pretrain'),
+        ('src/run.py', '[part c] [part f] write finetune'),
+        ('src/run.py', '[part c] [part g] write new_model'),
+        ('src/attention.py', '[part g] write SynthesizerAttention.forward'),
+        ('london_baseline.py', '[part d] write london_baseline'),
+    },
+    '2023': {
+        ('src/perceiver.py', '[part g] write DownProjectBlock.__init__'),
+        ('src/perceiver.py', '[part g] write DownProjectBlock.forward'),
+        ('src/perceiver.py', '[part g] write UpProjectBlock.__init__'),
+        ('src/perceiver.py', '[part g] write UpProjectBlock.forward'),
+    },
+    '2024': {
+        ('src/attention.py', '[part g] write precompute_rotary_emb'),
+        ('src/attention.py', '[part g] write apply_rotary_emb'),
+        ('src/attention.py', '[part g] the buffer rope_cache'),
+        ('src/attention.py', '[part g] rotate q and k'),
+    },
+}
+
+
+@pytest.mark.parametrize('edition', EDITIONS)
+def test_each_edition_stubs_its_parts_and_a_completed_starter_is_our_code(edition):
+    """The starter differs from our code in the marked bodies only: put back, they give
+    our files (the edition's default aside), so a completed starter trains through the
+    code put into those bodies."""
+    common = {s for s in STUBS['2021'] if 'Synthesizer' not in s[1]}
+    expected = common | (STUBS['2021'] - common if edition == '2021' else STUBS[edition])
+    found = set()
+    for relative, text in starter.starter_files(edition).items():
+        if text is None:
+            continue
+        ours = (ROOT / relative).read_text(encoding='utf-8')
+        for line in text.split('\n'):
+            if starter.STUB in line:
+                found.add((relative, line.strip()[len(starter.STUB) :]))
+        regions = starter.stubs(ours, edition) if relative.endswith('.py') else []
+        originals = [ours.split('\n')[first - 1 : last] for first, last, _ in regions]
+        completed, lines = [], iter(originals)
+        for line in text.split('\n'):
+            if line.strip().startswith('# TODO [part') or starter.STUB in line:
+                completed.extend(next(lines))
+            else:
+                completed.append(line)
+        if relative in starter.DEFAULTS:
+            old, new = starter.DEFAULTS[relative]
+            ours = ours.replace(old, new.format(edition=edition))
+        assert '\n'.join(completed) == ours, relative
+    for relative, words in expected:
+        assert any(f == relative and w.startswith(words) for f, w in found), (words, found)
+    assert len(found) == len(expected)
+
+
+def test_a_marker_must_sit_on_a_def_or_an_if():
+    with pytest.raises(
+        ValueError, match="line 1: '\\[part e\\]' is not right above a def or an if"
+    ):
+        starter.stubs("# [part e]\nx = 1\n", '2021')
+    assert starter.stubs("# [part g, 2023]\ndef f():\n    return 1\n", '2021') == []
+
+
+# A mistake: (file, our text, the mistaken text, edition, the tests it must lose)
+MISTAKES = {
+    'randint one short': (
+        'src/dataset.py',
+        'random.randint(4, int(self.block_size * 7 / 8))',
+        'random.randint(4, int(self.block_size * 7 / 8) - 1)',
+        '2021',
+        {"(e) span corruption: the truncated length"},
+    ),
+    'a fixed masked length': (
+        'src/dataset.py',
+        'masked_len = min(n, int(span + random.random()))',
+        'masked_len = min(n, max(1, n // 4))',
+        '2021',
+        {"(e) span corruption: the masked length"},
+    ),
+    'padding one short': (
+        'src/dataset.py',
+        'self.PAD_CHAR * (self.padded_length - len(masked_string))',
+        'self.PAD_CHAR * (self.padded_length - 1 - len(masked_string))',
+        '2021',
+        {"(e) span corruption: padded to the edition's length"},
+    ),
+    "2021's padding in 2024": (
+        'src/dataset.py',
+        'self.PAD_CHAR * (self.padded_length - len(masked_string))',
+        'self.PAD_CHAR * (self.block_size - len(masked_string))',
+        '2024',
+        {"(e) span corruption: padded to the edition's length"},
+    ),
+    'x and y not shifted': (
+        'src/dataset.py',
+        'encode(masked_string[1:], self.stoi)',
+        'encode(masked_string[:-1], self.stoi)',
+        '2021',
+        {"(e) span corruption: y is x shifted by one"},
+    ),
+    "the synthesizer's w2 not cut to T": (
+        'src/attention.py',
+        'scores = a @ self.w2[:, : past + T] + self.b2[: past + T]',
+        'scores = a @ self.w2 + self.b2',
+        '2021',
+        {"(g) SynthesizerAttention: eq. 11 with given weights"},
+    ),
+    "RoPE's angle with the 2024 starter's sign": (
+        'src/attention.py',
+        'theta = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)',
+        'theta = 10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)',
+        '2024',
+        {"(g) precompute_rotary_emb: cos and sin of t theta_i"},
+    ),
+    '75 epochs from pretrained params': (
+        'src/run.py',
+        'max_epochs = 10',
+        'max_epochs = 75',
+        '2021',
+        {"(f) finetuning from pretrained params: the handout's Trainer settings"},
+    ),
+    'the wrong learning rate': (
+        'src/run.py',
+        'learning_rate=args.pretrain_lr,',
+        'learning_rate=args.finetune_lr,',
+        '2021',
+        {"(f) pretraining: the handout's Trainer settings"},
+    ),
+    "London's computation": (
+        'london_baseline.py',
+        "['London'] * len(",
+        "['Paris'] * len(",
+        '2024',
+        {"(d) London baseline: london_baseline.py's accuracy"},
+    ),
+    'pretrained params not loaded': (
+        'src/run.py',
+        '        gpt.load_state_dict(args.reading_state)\n',
+        '',
+        '2021',
+        {"(f) finetuning from pretrained params starts from them"},
+    ),
+}
+
+
+def planted(ours, folder, relative, old, new):
+    shutil.copytree(ours, folder, ignore=shutil.ignore_patterns('__pycache__'))
+    text = (folder / relative).read_text(encoding='utf-8')
+    assert text.count(old) == 1, (relative, old)
+    (folder / relative).write_text(text.replace(old, new), encoding='utf-8')
+    return folder
+
+
+@pytest.mark.parametrize('mistake', MISTAKES)
+def test_a_classic_mistake_loses_exactly_its_tests(ours, our_grades, tmp_path, mistake):
+    relative, old, new, edition, lost = MISTAKES[mistake]
+    rows = grade.grade(planted(ours, tmp_path / 'copy', relative, old, new), edition, ROOT / 'data')
+    passed = {name for name, score, points, _ in our_grades[edition] if score == points}
+    assert {name for name, score, points, _ in rows if score < points} == lost
+    assert lost <= passed
+
+
+def test_2024s_padding_is_right_in_2021(ours, tmp_path):
+    """The padding mistake of 2024 loses nothing in 2021, where block_size is the length."""
+    relative, old, new, _, _ = MISTAKES["2021's padding in 2024"]
+    copy = planted(ours, tmp_path / 'copy', relative, old, new)
+    names = {n for n, _ in grade.tests_for('2021', False) if n.startswith('(e)')}
+    rows = grade.grade(copy, '2021', ROOT / 'data', only=names)
+    assert all(score == points for _, score, points, _ in rows)
+
+
+@pytest.mark.parametrize(
+    'body, reason',
+    [
+        ('while True:\n            pass', 'timed out after 3 s'),
+        ('import os\n        os._exit(3)', 'the process ended without a result (exit code 3)'),
+        ('return (', 'SyntaxError: '),
+        (
+            'return undefined_name',
+            "NameError: name 'undefined_name' is not defined (src/dataset.py:",
+        ),
+    ],
+)
+def test_broken_code_fails_its_tests_with_a_line_and_grading_goes_on(ours, tmp_path, body, reason):
+    copy = planted(
+        ours, tmp_path / 'copy', 'src/dataset.py', 'document = self.data[idx]\n', body + '\n'
+    )
+    only = {
+        "(e) span corruption: the truncated length",
+        "(g) SynthesizerAttention: eq. 11 with given weights",
+    }
+    rows = {
+        name: (score, why)
+        for name, score, _, why in grade.grade(copy, '2021', ROOT / 'data', timeout=3, only=only)
+    }
+    score, why = rows["(e) span corruption: the truncated length"]
+    assert score == 0 and reason in why and '\n' not in why
+    assert rows["(g) SynthesizerAttention: eq. 11 with given weights"][0] == 4
+
+
+def test_test_answers_grade_the_test_predictions(ours, tmp_path):
+    questions = grade.read_lines(ROOT / 'data' / 'birth_test_inputs.tsv')
+    predictions = grade.read_lines(ours / 'vanilla.pretrain.test.predictions')
+    answers = [f"{q.split(chr(9))[0]}\t{p}" for q, p in zip(questions, predictions)]
+    name = "(f) vanilla pretrained: test accuracy at least 9%"
+    assert name not in [n for n, _ in grade.tests_for('2021', False)]
+    rows = grade.grade(ours, '2021', ROOT / 'data', answers=answers, only={name})
+    assert rows == [(name, 8, 8, None)]
+    wrong = [f"{q.split(chr(9))[0]}\tNowhere" for q in questions]
+    rows = grade.grade(ours, '2021', ROOT / 'data', answers=wrong, only={name})
+    assert rows == [(name, 0, 8, "0 of 437 right, 0.0%: below 9%")]
+
+
+def test_the_command_line_grades_zips_and_writes_json_and_csv(ours, tmp_path, capsys):
+    archive = tmp_path / 'assignment5.zip'
+    with zipfile.ZipFile(archive, 'w') as z:
+        for path in ours.rglob('*'):
+            if path.is_file() and '__pycache__' not in path.parts:
+                z.write(path, path.relative_to(ours).as_posix())
+    starter.write_starter('2021', tmp_path / 'starter')
+    results = tmp_path / 'results.json'
+    assert grade.main([str(tmp_path / 'starter'), '--json', str(results)]) == 0
+    out = capsys.readouterr().out
+    assert '(2021 edition, told from its files; --edition to choose)' in out
+    tests = json.loads(results.read_text())['tests']
+    assert tests[0]['name'].startswith('(c) ') and tests[0]['status'] == 'failed'
+    assert set(tests[0]) == {'name', 'score', 'max_score', 'status', 'output', 'visibility'}
+    table = tmp_path / 'grades.csv'
+    argv = [str(archive), str(tmp_path / 'starter'), '--edition', '2021', '--csv', str(table)]
+    assert grade.main(argv) == 0
+    rows = list(csv.reader(table.open()))
+    assert rows[0][:3] == ['submission', 'score', 'max_score'] and len(rows) == 3
+    assert rows[1][1] == rows[1][2] and rows[2][1] == '0'
+
+
+@pytest.mark.parametrize(
+    'argv, message',
+    [
+        (['nowhere'], 'error: nowhere: neither a folder nor a zip file'),
+        (['a', 'b', '--json', 'r.json'], 'error: --json takes one submission'),
+        (['.', '--data', 'nowhere'], 'error: --data nowhere: wiki.txt is missing'),
+    ],
+)
+def test_bad_input_is_one_line(real_data, tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    assert grade.main(argv + (['--data', str(real_data)] if '--data' not in argv else [])) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count('\n') == 1
+
+
+def test_architectures_are_our_models():
+    vocab = 256
+    for variant, shapes in json.loads(grade.ARCHITECTURES.read_text()).items():
+        gpt = run.new_model(variant, vocab, 64 if variant == 'perceiver' else 32)
+        ours = {n: list(t.shape) for n, t in gpt.state_dict().items()}
+        assert ours == {n: [vocab if d == 'vocab' else d for d in s] for n, s in shapes.items()}

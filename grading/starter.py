@@ -18,6 +18,7 @@ import argparse
 import ast
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -91,6 +92,8 @@ def stubs(text, edition):
         node = statements.get(number + 1)
         if node is None:
             raise ValueError(f"line {number}: '{label}' is not right above a def or an if")
+        if isinstance(node, ast.If) and node.orelse:
+            raise ValueError(f"line {number}: the if under '{label}' has an else; mark a def")
         tags = TAG.findall(label)
         if not applies(tags, edition):
             continue
@@ -132,27 +135,44 @@ def stubbed(text, regions):
     return '\n'.join(lines)
 
 
+def tracked_files():
+    """The repository's files: git's list where this is a clone, else every file but
+    Python's caches and the run outputs git would ignore."""
+    try:
+        listed = subprocess.run(
+            ['git', 'ls-files'], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.split('\n')
+        return [ROOT / name for name in listed if name and (ROOT / name).is_file()]
+    except (OSError, subprocess.CalledProcessError):
+        outputs = ('.params', '.resume', '.predictions', '.pyc', '.zip')
+        return [
+            p
+            for p in ROOT.rglob('*')
+            if p.is_file() and '__pycache__' not in p.parts and not p.name.endswith(outputs)
+        ]
+
+
 def starter_files(edition):
     """{relative path: text or None (copied as it is)} of the starter."""
     marked = {p for pattern in MARKED for p in ROOT.glob(pattern)}
     files = {}
-    for name in INCLUDED:
-        path = ROOT / name
-        for p in sorted(path.rglob('*')) if path.is_dir() else [path]:
-            relative = p.relative_to(ROOT).as_posix()
-            if p.is_dir() or relative in EXCLUDED or '__pycache__' in p.parts:
-                continue
-            text = None
-            if p in marked:
-                text = p.read_text(encoding='utf-8')
-                text = stubbed(text, stubs(text, edition))
-            if relative in DEFAULTS:
-                text = p.read_text(encoding='utf-8') if text is None else text
-                old, new = DEFAULTS[relative]
-                if text.count(old) != 1:
-                    raise ValueError(f"{relative}: '{old}' should occur once")
-                text = text.replace(old, new.format(edition=edition))
-            files[relative] = text
+    for p in sorted(tracked_files()):
+        relative = p.relative_to(ROOT).as_posix()
+        if relative in EXCLUDED or not any(
+            relative == name or relative.startswith(name + '/') for name in INCLUDED
+        ):
+            continue
+        text = None
+        if p in marked:
+            text = p.read_text(encoding='utf-8')
+            text = stubbed(text, stubs(text, edition))
+        if relative in DEFAULTS:
+            text = p.read_text(encoding='utf-8') if text is None else text
+            old, new = DEFAULTS[relative]
+            if text.count(old) != 1:
+                raise ValueError(f"{relative}: '{old}' should occur once")
+            text = text.replace(old, new.format(edition=edition))
+        files[relative] = text
     return files
 
 

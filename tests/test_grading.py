@@ -230,6 +230,20 @@ MISTAKES = {
         '2021',
         {"(f) pretraining: the handout's Trainer settings"},
     ),
+    "the perceiver's residuals left out (allowed)": (
+        'src/perceiver.py',
+        'y = basis + self.attn(x_input, self.ln1(basis))',
+        'y = self.attn(x_input, self.ln1(basis))',
+        '2023',
+        set(),
+    ),
+    "the up block's queries and keys swapped": (
+        'src/perceiver.py',
+        'x = x_input + self.attn(self.ln1(y), x_input)',
+        'x = x_input + self.attn(x_input, self.ln1(y))',
+        '2023',
+        {"(g) UpProjectBlock with given weights"},
+    ),
     "London's computation": (
         'london_baseline.py',
         "['London'] * len(",
@@ -273,6 +287,37 @@ def test_2024s_padding_is_right_in_2021(ours, tmp_path):
     assert all(score == points for _, score, points, _ in rows)
 
 
+# Another correct span corruption: the masked length drawn as randint(1, L // 2) (a mean
+# half a character above L/4), and a third MASK after the masked span
+OTHER_SPANS = """document = self.data[idx]
+        truncated = document[: random.randint(4, int(self.block_size * 7 / 8))]
+        n = len(truncated)
+        masked_len = random.randint(1, max(1, n // 2))
+        start = random.randint(0, n - masked_len)
+        prefix, masked = truncated[:start], truncated[start : start + masked_len]
+        suffix = truncated[start + masked_len :]
+        s = prefix + self.MASK_CHAR + suffix + self.MASK_CHAR + masked + self.MASK_CHAR
+        s += self.PAD_CHAR * (self.padded_length - len(s))
+        return encode(s[:-1], self.stoi), encode(s[1:], self.stoi)
+"""
+
+
+@pytest.mark.parametrize('seed', [1, 2, 3])
+@pytest.mark.parametrize('implementation', ['ours', 'another'])
+def test_correct_span_corruption_passes_whatever_the_draws(
+    ours, tmp_path, monkeypatch, implementation, seed
+):
+    submission = ours
+    if implementation == 'another':
+        text = (ours / 'src' / 'dataset.py').read_text()
+        body = text[text.index('document = self.data[idx]') : text.index('\n\n\nclass NameDataset')]
+        submission = planted(ours, tmp_path / 'copy', 'src/dataset.py', body + '\n', OTHER_SPANS)
+    monkeypatch.setattr(grade, 'SPAN_SEED', seed)
+    names = {n for n, _ in grade.tests_for('2021', False) if n.startswith('(e)')}
+    rows = grade.grade(submission, '2021', ROOT / 'data', only=names)
+    assert [(n, why) for n, score, points, why in rows if score < points] == []
+
+
 @pytest.mark.parametrize(
     'body, reason',
     [
@@ -300,6 +345,32 @@ def test_broken_code_fails_its_tests_with_a_line_and_grading_goes_on(ours, tmp_p
     score, why = rows["(e) span corruption: the truncated length"]
     assert score == 0 and reason in why and '\n' not in why
     assert rows["(g) SynthesizerAttention: eq. 11 with given weights"][0] == 4
+
+
+def test_original_starter_layouts_are_graded(ours, tmp_path):
+    """The course's starters keep london_baseline.py in src/; a crashing
+    precompute_rotary_emb fails its own test, not the attention's that uses it."""
+    copy = planted(
+        ours,
+        tmp_path / 'copy',
+        'src/attention.py',
+        '    theta = 10000.0',
+        '    1 / 0\n    theta = 10000.0',
+    )
+    (copy / 'london_baseline.py').rename(copy / 'src' / 'london_baseline.py')
+    only = {
+        n for n, t in grade.tests_for('2024', False) if 'london' in t.probes or n.startswith('(g) ')
+    }
+    rows = {
+        n: (score, why) for n, score, _, why in grade.grade(copy, '2024', ROOT / 'data', only=only)
+    }
+    assert rows.pop("(g) precompute_rotary_emb: cos and sin of t theta_i")[1].startswith(
+        'ZeroDivisionError: division by zero (src/attention.py:'
+    )
+    assert (
+        rows.pop("(g) the rope model: the handout's architecture")[0] == 0
+    )  # its __init__ calls it
+    assert all(score > 0 for score, _ in rows.values()), rows
 
 
 def test_test_answers_grade_the_test_predictions(ours, tmp_path):
@@ -330,11 +401,14 @@ def test_the_command_line_grades_zips_and_writes_json_and_csv(ours, tmp_path, ca
     assert tests[0]['name'].startswith('(c) ') and tests[0]['status'] == 'failed'
     assert set(tests[0]) == {'name', 'score', 'max_score', 'status', 'output', 'visibility'}
     table = tmp_path / 'grades.csv'
-    argv = [str(archive), str(tmp_path / 'starter'), '--edition', '2021', '--csv', str(table)]
-    assert grade.main(argv) == 0
+    argv = [str(archive), str(tmp_path / 'starter'), 'nowhere', '--edition', '2021']
+    assert grade.main(argv + ['--csv', str(table)]) == 2  # the others graded all the same
+    assert capsys.readouterr().err == "error: nowhere: neither a folder nor a zip file\n"
     rows = list(csv.reader(table.open()))
-    assert rows[0][:3] == ['submission', 'score', 'max_score'] and len(rows) == 3
-    assert rows[1][1] == rows[1][2] and rows[2][1] == '0'
+    assert rows[3][:5] == ['nowhere', '', '0', '0', 'nowhere: neither a folder nor a zip file']
+    rows = rows[:3]
+    assert rows[0][:5] == ['submission', 'edition', 'score', 'max_score', 'note'] and len(rows) == 3
+    assert rows[1][1:3] == ['2021', rows[1][3]] and rows[2][2] == '0'
 
 
 @pytest.mark.parametrize(

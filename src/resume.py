@@ -202,7 +202,10 @@ def torch_rng_state(device):
 def set_torch_rng_state(rng, device):
     torch.set_rng_state(rng['torch'])
     if rng['cuda'] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng['cuda'])
+        # each GPU present that the state has one for: a machine with fewer (or more)
+        # GPUs than the saving one resumes; a single process draws on its first only
+        for index, state in enumerate(rng['cuda'][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(state, index)
     if 'mps' in rng and device == 'mps':
         torch.mps.set_rng_state(rng['mps'])
 

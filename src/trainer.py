@@ -251,8 +251,7 @@ class Trainer:
             x, y = self.batch(self.test_dataset, step)
             packing = Packing(target_lengths(y), device=self.device)
             x, y = self.to_device(x, y)
-            with self.autocast():
-                losses.append(self.model(x, y, packing=packing)[1].item())
+            losses.append(self.model(x, y, packing=packing)[1].item())  # fp32, as evaluation
         print("test loss: %f" % np.mean(losses))
         self.model.train()
 

@@ -275,3 +275,16 @@ def test_fp16_gradient_scaler_skips_overflows_and_resumes_exactly(tmp_path):
     assert resumed.scaler.get_scale() == straight.scaler.get_scale()
     for k in params:
         assert torch.equal(params[k], resumed_params[k]), k
+
+
+@pytest.mark.parametrize('saved, present', [(2, 1), (1, 2), (0, 1)])
+def test_random_states_of_missing_gpus_are_left_out(monkeypatch, saved, present):
+    """A state saved where `saved` GPUs were visible restores the random state of each GPU
+    present that it holds one for, and only those: a machine with fewer GPUs resumes."""
+    restored = []
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: present > 0)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: present)
+    monkeypatch.setattr(torch.cuda, 'set_rng_state', lambda state, device: restored.append(device))
+    rng = {'torch': torch.get_rng_state(), 'cuda': [torch.get_rng_state()] * saved}
+    resume.set_torch_rng_state(rng, 'cuda')
+    assert restored == list(range(min(saved, present)))

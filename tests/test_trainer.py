@@ -160,3 +160,40 @@ def test_a_change_to_a_handout_forward_changes_what_trains(monkeypatch, variant,
     assert step_loss() == plain
     monkeypatch.setattr(module, 'forward', changed_forward(module, code))
     assert step_loss() != plain
+
+
+def test_fp16_clips_the_unscaled_gradients(monkeypatch):
+    """fp16 scales the loss up (2^16) for backward and unscales the gradients before
+    clipping: the clip sees the true gradient norm, fp32's within fp16's error, never one
+    2^16 times too large (the scaler's unscale_ left out)."""
+    norms = {}
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def recording_clip(parameters, max_norm, *args, **kwargs):
+        parameters = list(parameters)
+        grads = [p.grad.float().norm() for p in parameters if p.grad is not None]
+        norms[precision] = torch.stack(grads).norm().item()
+        return clip(parameters, max_norm, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_', recording_clip)
+    for precision in ('fp32', 'fp16'):
+        random.seed(0)
+        gpt, ds, config = tiny_setup(precision=precision)
+        t = trainer.Trainer(gpt, ds, None, config)
+        x, y = t.batch(ds, 0)
+        t.update(t.loss(x, y))
+    assert 0.8 < norms['fp16'] / norms['fp32'] < 1.25, norms
+
+
+def test_the_test_loss_is_computed_in_fp32(capsys):
+    """The evaluation's loss on a test set is fp32 whatever the training precision, as
+    --precision's help says."""
+    printed = {}
+    for precision in ('fp32', 'bf16'):
+        random.seed(0)
+        gpt, ds, config = tiny_setup(precision=precision)
+        t = trainer.Trainer(gpt, ds, ds, config)
+        random.seed(1)
+        t.test_loss()
+        printed[precision] = capsys.readouterr().out
+    assert printed['bf16'] == printed['fp32'] and 'test loss: ' in printed['fp32']

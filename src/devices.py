@@ -8,6 +8,9 @@ entry points import before torch.
 
 import os
 import platform
+import re
+import shutil
+import sys
 
 import torch
 
@@ -48,12 +51,72 @@ def pick_device(requested='auto'):
         'cpu': True,
     }
     if requested in (None, 'auto'):
-        return next(device for device, ok in available.items() if ok)
-    if not available[requested]:
-        raise UserError(
-            f"--device {requested}: not available on this machine (torch {torch.__version__})"
+        device = next(device for device, ok in available.items() if ok)
+        if device != 'cuda' and nvidia_gpu_present():
+            note_once(
+                f"note: an NVIDIA GPU is here, but this runs on the {device}: {why_no_cuda()}"
+            )
+    elif not available[requested]:
+        why = why_no_cuda() if requested == 'cuda' else f"torch {torch.__version__}"
+        raise UserError(f"--device {requested}: not available on this machine ({why})")
+    else:
+        device = requested
+    if device == 'cuda':
+        check_gpu_architecture()
+    return device
+
+
+def nvidia_gpu_present():
+    """Whether the machine has an NVIDIA GPU and driver, whatever torch makes of it."""
+    return os.path.exists('/proc/driver/nvidia/version') or shutil.which('nvidia-smi') is not None
+
+
+def why_no_cuda():
+    """Why torch cannot use the GPU, and what to install."""
+    if torch.version.cuda is None:
+        return (
+            f"torch {torch.__version__} is built without CUDA; install a CUDA build "
+            f"(https://pytorch.org/get-started/locally/)"
         )
-    return requested
+    return (
+        f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU it can use; the "
+        f"NVIDIA driver may be older than CUDA {torch.version.cuda} needs (nvidia-smi shows "
+        f"the CUDA version it supports): update the driver, or install a torch built for an "
+        f"older CUDA (https://pytorch.org/get-started/previous-versions/)"
+    )
+
+
+def check_gpu_architecture():
+    """A GPU older than every architecture this torch has kernels for (a P100, sm_60, under
+    a build from sm_75 on) fails at its first kernel: a UserError instead, saying what to
+    do. Kernels for sm_XY also run on sm_XZ, Z > Y; newer GPUs than the build's are left
+    to torch (it may compile them from its PTX)."""
+    built = sorted(
+        int(re.match(r'sm_(\d+)', a).group(1))
+        for a in torch.cuda.get_arch_list()
+        if a.startswith('sm_')
+    )  # sm_120 -> 120
+    if not built:
+        return
+    major, minor = torch.cuda.get_device_capability()
+    if any(b // 10 == major and b % 10 <= minor for b in built) or major * 10 + minor > built[-1]:
+        return
+    raise UserError(
+        f"--device: this torch ({torch.__version__}) has no kernels for the "
+        f"{torch.cuda.get_device_name()} (sm_{major}{minor}; it has sm_{built[0]} to "
+        f"sm_{built[-1]}): install a torch built for this GPU "
+        f"(https://pytorch.org/get-started/previous-versions/), or pass --device cpu"
+    )
+
+
+NOTES = set()
+
+
+def note_once(line):
+    """A note on stderr, once per process however often the device is asked for."""
+    if line not in NOTES:
+        NOTES.add(line)
+        print(line, file=sys.stderr)
 
 
 def to_device(tensor, device):
@@ -89,6 +152,19 @@ def training_precision(choice, device):
     if device == 'cpu':
         return 'bf16' if cpu_has_native_bf16() else 'fp32'
     return 'fp32'  # MPS: bf16 is native only on recent Apple chips
+
+
+def precision_hint(device, precision):
+    """A line for a GPU left in fp32 whose tensor cores take fp16 but not bf16 (V100, T4:
+    compute capability 7.x), else None."""
+    if device != 'cuda' or precision != 'fp32':
+        return None
+    if (7, 0) <= torch.cuda.get_device_capability() < (8, 0):
+        return (
+            f"note: the {torch.cuda.get_device_name()} has no native bf16, so auto trains in "
+            f"fp32; --precision fp16 puts its tensor cores to work"
+        )
+    return None
 
 
 def cpu_has_native_bf16():

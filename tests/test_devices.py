@@ -76,3 +76,88 @@ def test_copies_to_the_gpu_are_non_blocking_only_from_pinned_memory(monkeypatch)
     for device in ('cuda', 'mps', 'cpu'):
         devices.to_device(x, device)
     assert copies == ['pin', ('cuda', {'non_blocking': True}), ('mps', {}), ('cpu', {})]
+
+
+@pytest.mark.parametrize(
+    'cuda_version, why',
+    [
+        (None, 'is built without CUDA; install a CUDA build'),
+        ('13.0', 'the NVIDIA driver may be older than CUDA 13.0 needs'),
+    ],
+)
+def test_a_gpu_torch_cannot_use_is_one_line_saying_why(monkeypatch, capsys, cuda_version, why):
+    """An NVIDIA GPU that torch cannot use (a CPU-only build, a driver older than the
+    build's CUDA): auto runs on the CPU and says why in one line, once; --device cuda is
+    an error saying the same."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(torch.backends.mps, 'is_available', lambda: False)
+    monkeypatch.setattr(torch.version, 'cuda', cuda_version)
+    monkeypatch.setattr(devices, 'NOTES', set())
+    monkeypatch.setattr(devices, 'nvidia_gpu_present', lambda: True)
+    assert devices.pick_device('auto') == 'cpu' and devices.pick_device('auto') == 'cpu'
+    err = capsys.readouterr().err
+    assert err.startswith('note: an NVIDIA GPU is here, but this runs on the cpu: ')
+    assert why in err and err.count('\n') == 1
+    with pytest.raises(
+        files.UserError, match=f"--device cuda: not available on this machine .*{why}"
+    ):
+        devices.pick_device('cuda')
+    monkeypatch.setattr(devices, 'nvidia_gpu_present', lambda: False)
+    monkeypatch.setattr(devices, 'NOTES', set())
+    assert devices.pick_device('auto') == 'cpu' and capsys.readouterr().err == ''
+
+
+BUILT = ['sm_75', 'sm_80', 'sm_86', 'sm_90', 'sm_100', 'sm_120']
+
+
+@pytest.mark.parametrize(
+    'capability, name, runs',
+    [
+        ((6, 0), 'Tesla P100-PCIE-16GB', False),
+        ((7, 0), 'Tesla V100-SXM2-16GB', False),
+        ((7, 5), 'Tesla T4', True),
+        ((8, 9), 'NVIDIA L4', True),
+        ((12, 1), 'a GPU newer than the build', True),
+    ],
+)
+def test_a_gpu_without_kernels_in_this_torch_is_one_line(
+    monkeypatch, tiny, capsys, capability, name, runs
+):
+    """A GPU older than every architecture the torch build has kernels for would fail at
+    its first kernel with a traceback: one line before any work instead."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'get_arch_list', lambda: BUILT)
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda *a: capability)
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda *a: name)
+    if runs:
+        assert devices.pick_device('auto') == 'cuda'
+        return
+    argv = ['pretrain', 'vanilla', 'wiki.txt', '--writing_params_path', 'x.params']
+    code = main(*argv, '--max_epochs', '1', '--device', 'cuda', cwd=tiny)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count('\n') == 1
+    assert err.startswith(
+        f"error: --device: this torch ({torch.__version__}) has no kernels for the {name} (sm_{capability[0]}{capability[1]}; it has sm_75 to sm_120)"
+    )
+
+
+@pytest.mark.parametrize(
+    'capability, precision, hinted',
+    [
+        ((7, 5), 'fp32', True),
+        ((7, 0), 'fp32', True),
+        ((7, 5), 'fp16', False),
+        ((8, 0), 'fp32', False),
+    ],
+)
+def test_a_t4_left_in_fp32_is_told_of_fp16(monkeypatch, capability, precision, hinted):
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda *a: capability)
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda *a: 'Tesla T4')
+    hint = devices.precision_hint('cuda', precision)
+    assert (hint is not None) == hinted
+    if hinted:
+        assert hint == (
+            "note: the Tesla T4 has no native bf16, so auto trains in fp32; "
+            "--precision fp16 puts its tensor cores to work"
+        )
+    assert devices.precision_hint('cpu', 'fp32') is None

@@ -6,8 +6,8 @@
 Where --variant and --bottleneck_dim are left out, the variant and the perceiver's
 bottleneck are the params file's (without --params: vanilla and 32).
 
-Pretraining: one step (forward, backward, clipping, AdamW) on the same batch of 128
-span-corruption examples of wiki.txt, with the same model:
+Pretraining: one step (building the batch of 128 span-corruption examples of wiki.txt,
+then forward, backward, clipping, AdamW), with the same model and batch for both paths:
   plain  fp32, every row padded to 127 positions, explicit masked-softmax attention
          (vanilla; the other variants keep their own attention), torch's dropout
          (the original minGPT code path)
@@ -18,8 +18,9 @@ evaluate: time per birth_dev.tsv question, greedy-decoding 32 characters
   ours   decoding.greedy_complete: questions batched by length, key/value cache (the
          perceiver recomputes the prefix instead), early stop
 Model FLOP/s counts only the work our step does, as a fraction of the measured matmul
-peak of this machine at the same precision (vanilla and rope; model_flops does not count
-the synthesizer's or the perceiver's layers).
+peak of this machine at the same precision (square products of 2048 on the CPU, 8192 on
+a GPU; vanilla and rope: model_flops does not count the synthesizer's or the
+perceiver's layers).
 """
 
 import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
@@ -118,19 +119,23 @@ def time_steps(steps, n, device):
 
 
 def matmul_peak(dtype, device):
-    a = torch.randn(4096, 1024, dtype=dtype, device=device)
-    b = torch.randn(1024, 1024, dtype=dtype, device=device)
-    seconds = min(
-        time_steps([lambda: a @ b], 1, device)[0] for _ in range(20)
-    )  # the peak: the best run
-    return 2 * 4096 * 1024 * 1024 / seconds
+    """FLOP/s of the best of 10 square matrix products big enough to keep the device busy
+    (n = 2048 on the CPU, 8192 on a GPU, whose peak a small product never reaches)."""
+    n = 2048 if device == 'cpu' else 8192
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    seconds = min(time_steps([lambda: a @ b], 1, device)[0] for _ in range(10))
+    return 2 * n**3 / seconds
 
 
 def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision, device):
+    """Median seconds of building a batch (the trainer's, span corruption of 128 documents
+    on the CPU, the same in both paths) and of each path's step on the same batch; and the
+    positions of each of its rows that our step computes."""
     random.seed(0)
     x, y = zip(*[corpus[i] for i in range(128)])
     x, y = torch.stack(x), torch.stack(y)  # (128, 127), on the CPU as the trainer builds them
-    steps = []
+    steps, built = [], iter(range(10**9))
     for plain in (True, False):
         gpt = make_model(corpus.vocab_size, plain, variant, bottleneck_dim)
         config = trainer.TrainerConfig(
@@ -149,7 +154,9 @@ def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision
             t.update(loss)
 
         steps.append(step)
-    results = dict(zip(('plain', 'ours'), time_steps(steps, steps_per_path, device)))
+    steps.insert(0, lambda: t.batch(corpus, next(built) % t.steps_per_epoch))
+    names = ('batch', 'plain', 'ours')
+    results = dict(zip(names, time_steps(steps, steps_per_path, device)))
     rows = packing.target_lengths(y).tolist()  # positions our step computes, per row
     return results, rows
 
@@ -209,10 +216,16 @@ def report_pretraining(args, corpus, precision, device):
     times, rows = bench_pretraining(
         corpus, args.steps, args.variant, args.bottleneck_dim, precision, device
     )
-    plain, ours = times['plain'], times['ours']
+    # what a user waits for: each step builds its batch first, on the CPU
+    batch, plain, ours = (
+        times['batch'],
+        times['plain'] + times['batch'],
+        times['ours'] + times['batch'],
+    )
     positions = 128 * (run.BLOCK_SIZE - 1)
     print(
-        f"pretraining step (batch 128 x 127 positions; ours computes {sum(rows)} of {positions}):"
+        f"pretraining step (batch 128 x 127 positions; ours computes {sum(rows)} of {positions};"
+        f" each path's time includes building the batch, {batch * 1000:.1f} ms):"
     )
     print(f"  plain: {plain * 1000:8.1f} ms/step  {positions / plain:9,.0f} tokens/s")
     print(
@@ -228,8 +241,9 @@ def report_pretraining(args, corpus, precision, device):
         flops = model_flops(sum(rows), rows)
         dtype = devices.autocast_dtype(precision) or torch.float32
         peak = matmul_peak(dtype, device)
+        ours = times['ours']  # the model's work, without the batch's building
         print(
-            f"  model FLOP/s (ours): {flops / ours / 1e9:.0f} GFLOP/s = "
+            f"  model FLOP/s (ours, batch building left out): {flops / ours / 1e9:.0f} GFLOP/s = "
             f"{flops / ours / peak:.0%} of this machine's {precision} matmul peak "
             f"({peak / 1e9:.0f} GFLOP/s)"
         )

@@ -498,7 +498,8 @@ def test_environment_yml_agrees_with_requirements():
     requirements = (ROOT / 'requirements.txt').read_text().split()
     pip_section = (ROOT / 'environment.yml').read_text().split('- pip:')[1]
     assert re.findall(r'^\s+- (\S+)$', pip_section, re.M) == requirements
-    assert 'torch==2.13.0' in requirements
+    assert 'torch>=2.8,<2.16' in requirements  # a range: pip keeps a torch already in it
+    assert (ROOT / '.ci' / 'constraints.txt').read_text().split() == ['torch==2.13.0']
 
 
 def test_crlf_files_train_and_answer_as_lf_files(tiny, capsys):

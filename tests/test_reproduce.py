@@ -1,12 +1,21 @@
 """src/reproduce.py: the whole assignment in one command, on a tiny corpus."""
 
 import re
+import shlex
 import shutil
 
 import pytest
 import torch
 
 import reproduce
+from conftest import ROOT
+
+
+def colab_command():
+    """The reproduce.py command of README's Colab cell, as arguments."""
+    section = (ROOT / 'README.md').read_text().split('### On Colab')[1]
+    line = next(t for t in section.split('\n') if t.strip().startswith('!python'))
+    return shlex.split(line.strip()[1:])
 
 
 def test_reproduce_everything_then_only_what_is_missing_or_stale(tiny, monkeypatch, capsys):
@@ -21,7 +30,11 @@ def test_reproduce_everything_then_only_what_is_missing_or_stale(tiny, monkeypat
     ):
         shutil.copy(tiny / ours, tiny / handout)
     monkeypatch.chdir(tiny)
-    quick = ['--max_epochs', '1', '--outdir', 'out', '--precision', 'fp32', '--device', 'cpu']
+    # README's Colab cell, on the CPU: fp32 (fp16 is for GPUs) and 1 epoch
+    colab = colab_command()
+    assert colab[:2] == ['python', 'src/reproduce.py'] and '--precision' in colab
+    quick = ['--max_epochs', '1'] + [a if a != 'fp16' else 'fp32' for a in colab[2:]]
+    quick += ['--outdir', 'out', '--device', 'cpu']
     reproduce.main(quick)
     out = capsys.readouterr().out
     for name in [

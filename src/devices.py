@@ -154,6 +154,23 @@ def training_precision(choice, device):
     return 'fp32'  # MPS: bf16 is native only on recent Apple chips
 
 
+def packs_batches(device):
+    """Whether training computes only the positions that can change the loss (packing.py):
+    on the CPU, where it halves the work. On GPUs (CUDA, MPS) the model is small enough to
+    be bound by kernel launches, and packing adds some 300 a step (the perceiver runs its
+    stack per group of rows, thousands) and gives a new shape almost every step, which MPS
+    and cuDNN build a graph and cache memory for: they train on the whole padded batch,
+    one shape a phase. The loss is the same either way (tests/test_trainer.py)."""
+    return device == 'cpu'
+
+
+def fused_adamw(device):
+    """AdamW's fused kernel where torch has one for the device (CUDA, and MPS in every
+    torch of requirements.txt's range); on the CPU the per-tensor loop, whose rounding the
+    published runs have."""
+    return device in ('cuda', 'mps')
+
+
 def precision_hint(device, precision):
     """A line for a GPU left in fp32 whose tensor cores take fp16 but not bf16 (V100, T4:
     compute capability 7.x), else None."""

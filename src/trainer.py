@@ -73,6 +73,9 @@ class Trainer:
         # under torchrun: the model in DistributedDataParallel, which averages the gradients
         self.ddp = distributed.wrap(model, self.device, self.rank) if self.world_size > 1 else None
         self.optimizer = self.make_optimizer()
+        # only the positions that can change the loss (packing.py) on the CPU; the whole
+        # padded batch on GPUs (devices.packs_batches)
+        self.packs = devices.packs_batches(self.device)
         # fp16's narrow range needs the loss scaled up so that small gradients do not
         # underflow; disabled, the scaler passes everything through unchanged
         self.scaler = torch.amp.GradScaler(self.device, enabled=config.precision == 'fp16')
@@ -100,9 +103,8 @@ class Trainer:
             },
             {"params": [p for n, p in named if 'bias' in n], "weight_decay": 0.0},
         ]
-        return torch.optim.AdamW(
-            groups, lr=config.learning_rate, betas=config.betas, fused=self.device == 'cuda'
-        )
+        fused = devices.fused_adamw(self.device)
+        return torch.optim.AdamW(groups, lr=config.learning_rate, betas=config.betas, fused=fused)
 
     def lr_at(self, tokens):
         config = self.config
@@ -207,17 +209,20 @@ class Trainer:
         the whole batch's count of targets, times world_size as DDP averages the gradients."""
         lengths = target_lengths(y)  # (b,)
         if self.ddp is None:
-            packing = Packing(lengths, device=self.device)
+            packing = Packing(lengths, device=self.device) if self.packs else None
             x, y = self.to_device(x, y)
             with self.autocast():
                 return self.model(x, y, packing=packing)[1]
         rows, share = distributed.shard_rows(lengths, self.rank, self.world_size)
         n_targets = target_count(y) / self.world_size
-        packing = Packing(lengths[rows], device=self.device)
+        packing = Packing(lengths[rows], device=self.device) if self.packs else None
         x, y = self.to_device(x[rows], y[rows])
         with self.autocast():
-            logits, _ = self.ddp(x, packing=packing)  # (N, vocab)
-            summed = F.cross_entropy(logits, packing.select(y), ignore_index=0, reduction='sum')
+            logits, _ = self.ddp(x, packing=packing)  # (N, vocab), or (b, T, vocab)
+            targets = y.reshape(-1) if packing is None else packing.select(y)  # (N,)
+            summed = F.cross_entropy(
+                logits.reshape(-1, logits.size(-1)), targets, ignore_index=0, reduction='sum'
+            )
             return summed / n_targets * share
 
     def update(self, loss):
@@ -249,7 +254,7 @@ class Trainer:
         losses = []
         for step in range(math.ceil(len(self.test_dataset) / self.config.batch_size)):
             x, y = self.batch(self.test_dataset, step)
-            packing = Packing(target_lengths(y), device=self.device)
+            packing = Packing(target_lengths(y), device=self.device) if self.packs else None
             x, y = self.to_device(x, y)
             losses.append(self.model(x, y, packing=packing)[1].item())  # fp32, as evaluation
         print("test loss: %f" % np.mean(losses))

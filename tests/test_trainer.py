@@ -197,3 +197,36 @@ def test_the_test_loss_is_computed_in_fp32(capsys):
         t.test_loss()
         printed[precision] = capsys.readouterr().out
     assert printed['bf16'] == printed['fp32'] and 'test loss: ' in printed['fp32']
+
+
+def test_gpus_train_on_the_padded_batch_with_the_same_loss(monkeypatch):
+    """GPUs train on the whole padded batch (one shape a phase, for MPS's and cuDNN's graph
+    caches, and no packing kernels), the CPU on the packed positions: the same loss."""
+    import devices
+
+    assert devices.packs_batches('cpu') and not devices.packs_batches('cuda')
+    assert not devices.packs_batches('mps')
+    assert devices.fused_adamw('cuda') and devices.fused_adamw('mps')
+    assert not devices.fused_adamw('cpu')  # the per-tensor loop the published runs used
+    losses, shapes = {}, {}
+    for packs in (True, False):
+        monkeypatch.setattr(devices, 'packs_batches', lambda device, packs=packs: packs)
+        random.seed(0)
+        gpt, ds, config = tiny_setup(max_epochs=1)
+        t = trainer.Trainer(gpt, ds, None, config)
+        x, y = t.batch(ds, 0)
+        gpt.eval()  # without dropout, whose masks follow the shapes
+        losses[packs] = t.loss(x, y).item()
+        gpt.train()
+        seen, forward = set(), gpt.forward
+
+        def recording(idx, targets=None, packing=None, seen=seen, forward=forward):
+            seen.add(tuple(idx.shape) if packing is None else (packing.T,))
+            return forward(idx, targets, packing)
+
+        gpt.forward = recording
+        for step in range(t.steps_per_epoch):
+            t.update(t.loss(*t.batch(ds, step)))
+        shapes[packs] = seen
+    assert losses[True] == pytest.approx(losses[False], rel=1e-6)
+    assert len(shapes[False]) <= 2 < len(shapes[True])  # full batches and the last one

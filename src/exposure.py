@@ -1,0 +1,151 @@
+"""What pretraining showed the model, document by document and epoch by epoch: the exposure
+ledger, replayed without the model.
+
+    python src/exposure.py --ledger vanilla.exposure.npz               # the 2021 run, seed 0
+    python src/exposure.py --ledger rope.exposure.npz --edition 2024 --json rope.exposure.json
+
+Pretraining takes the documents in file order every epoch, and each example's spans come
+from Python's random, which run.py seeds (--seed) before the model is built and nothing
+else draws from before the first batch; a resumed run restores it. So the run's own
+CharCorruptionDataset, called in the same order after the same seeding, gives exactly the
+examples the run trained on, and this is what the ledger does: each example is read back
+into its window (the truncated length) and the masked span's start and length, for every
+epoch and document (--ledger, a .npz of three (epochs, documents) arrays). example()
+rebuilds any training example from them.
+
+For each person of the question files (--people; default the finetuning and dev files),
+--json says where the gold place sits in their document (its first whole-word
+occurrence) and, epoch by epoch, whether pretraining showed it: in the text (the prefix
+or the suffix, each character a target), inside the masked span (to be recalled), or not
+at all (it ends beyond the window): the counts, the last epoch it was in the window, and
+the fraction of epochs it was.
+"""
+
+import argparse
+import json
+import random
+import re
+import sys
+
+import numpy as np
+
+import analyze
+import dataset
+import files
+import run
+
+SHOWN, MASKED, NOT_SHOWN = 'in the text', 'in the masked span', 'not shown'
+
+
+def replay(corpus_text, edition='2021', seed=0, epochs=650):
+    """(window, masked_start, masked_length), each an (epochs, documents) int16 array: the
+    spans of every example a pretraining of the edition with this seed trained on."""
+    corpus = dataset.CharCorruptionDataset(
+        corpus_text, run.BLOCK_SIZE, run.EDITIONS[edition]['pretrain_padded_length']
+    )
+    spans = np.zeros((3, epochs, len(corpus)), dtype=np.int16)
+    random.seed(seed)  # as run.py's build_model seeds it (utils.set_seed)
+    for epoch in range(epochs):
+        for index in range(len(corpus)):
+            x, y = corpus[index]
+            spans[:, epoch, index] = read_back(x, y, corpus)
+    return spans[0], spans[1], spans[2]
+
+
+def read_back(x, y, corpus):
+    """(window, masked start, masked length) of the example x, y:
+    prefix MASK suffix MASK masked PAD..."""
+    text = dataset.decode(x, corpus.itos) + dataset.decode(y[-1:], corpus.itos)
+    prefix, suffix, masked = text.rstrip(corpus.PAD_CHAR).split(corpus.MASK_CHAR)[:3]
+    return len(prefix) + len(suffix) + len(masked), len(prefix), len(masked)
+
+
+def example(document, window, start, length, padded_length):
+    """The training example's string (before encoding; x is all of it but the last
+    character, y all but the first) from the ledger's entry for its document."""
+    truncated = document[:window]
+    prefix, masked = truncated[:start], truncated[start : start + length]
+    suffix = truncated[start + length :]
+    text = prefix + dataset.MASK_CHAR + suffix + dataset.MASK_CHAR + masked
+    return text + dataset.PAD_CHAR * (padded_length - len(text))
+
+
+def people_exposure(corpus_text, rows, window, start, length):
+    """For each (name, place) of rows: where the place sits in the person's document and
+    what pretraining showed of it, epoch by epoch (see the module's docstring)."""
+    lines = corpus_text.split('\n')
+    found = analyze.documents(corpus_text, [name for name, _ in rows])
+    index = {line: i for i, line in reversed(list(enumerate(lines)))}  # first occurrence
+    report = []
+    for name, place in rows:
+        document = found[name]
+        where = re.search(analyze.whole_words(place), document) if document else None
+        entry = dict(name=name, place=place, document=index.get(document) if document else None)
+        if where is None:
+            report.append(dict(
+                entry, place_start=None, place_end=None, shown=0, masked=0,
+                not_shown=len(window), last_epoch_seen=None, fraction_seen=0.0,
+            ))  # fmt: skip
+            continue
+        d, (begin, end) = entry['document'], where.span()
+        shown_to = window[:, d]  # (epochs,)
+        mask_from, mask_to = start[:, d], start[:, d] + length[:, d]  # (epochs,)
+        seen = shown_to >= end
+        in_mask = seen & (mask_from < end) & (mask_to > begin)
+        epochs_seen = np.flatnonzero(seen)
+        report.append(dict(
+            entry, place_start=begin, place_end=end,
+            shown=int((seen & ~in_mask).sum()), masked=int(in_mask.sum()),
+            not_shown=int((~seen).sum()),
+            last_epoch_seen=int(epochs_seen[-1]) + 1 if len(epochs_seen) else None,
+            fraction_seen=float(seen.mean()),
+        ))  # fmt: skip
+    return report
+
+
+def parse_args(argv):
+    argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
+    argp.add_argument('--edition', choices=sorted(run.EDITIONS), default='2021')
+    argp.add_argument('--seed', type=int, default=0, help="the run's --seed (default 0)")
+    argp.add_argument('--max_epochs', type=run.positive(int), default=650)
+    argp.add_argument('--ledger', help="write the spans of every example here (.npz)")
+    argp.add_argument('--json', help="write each person's exposure here")
+    argp.add_argument(
+        '--people',
+        nargs='+',
+        default=['birth_places_train.tsv', 'birth_dev.tsv'],
+        help="question files whose people to report (default: finetuning and dev)",
+    )
+    return argp.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        if not (args.ledger or args.json):
+            raise files.UserError("nothing to write: give --ledger, --json or both")
+        text = files.read_text(args.pretrain_corpus_path)
+        rows = [
+            (person, place)
+            for path in args.people if args.json
+            for _, person, place in analyze.read_questions(path)
+        ]  # fmt: skip
+    except files.UserError as e:
+        sys.exit(files.report(e))
+    window, start, length = replay(text, args.edition, args.seed, args.max_epochs)
+    if args.ledger:
+        files.atomic_write(args.ledger, lambda f: np.savez_compressed(
+            f, window=window, masked_start=start, masked_length=length,
+            edition=args.edition, seed=args.seed,
+        ))  # fmt: skip
+        print(f"{args.ledger}: {window.shape[0]} epochs x {window.shape[1]} documents")
+    if args.json:
+        report = people_exposure(text, rows, window, start, length)
+        files.atomic_write(args.json, lambda f: f.write(json.dumps(report, indent=1).encode()))
+        never = sum(r['fraction_seen'] == 0 for r in report)
+        print(f"{args.json}: {len(report)} people, {never} whose place pretraining never showed")
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,95 @@
+"""exposure.py: the ledger replays the span draws of a pretraining without the model, and
+rebuilds exactly the examples a real run trained on."""
+
+import json
+
+import numpy as np
+import pytest
+
+import dataset
+import exposure
+import run
+import trainer
+from conftest import main
+
+
+@pytest.mark.parametrize('edition', ['2021', '2024'])
+def test_the_ledger_rebuilds_every_example_a_run_trained_on(tiny, monkeypatch, edition):
+    """A real pretraining of 2 epochs, its batches recorded, against the ledger's replay
+    for the same edition (2024 pads to block_size + 1) and seed."""
+    trained = []
+    batch = trainer.Trainer.batch
+
+    def recording(self, data, step):
+        x, y = batch(self, data, step)
+        trained.extend(
+            dataset.decode(row_x, data.itos) + dataset.decode(row_y[-1:], data.itos)
+            for row_x, row_y in zip(x, y)
+        )
+        return x, y
+
+    monkeypatch.setattr(trainer.Trainer, 'batch', recording)
+    argv = ['pretrain', 'vanilla', 'wiki.txt', '--writing_params_path', 'v.params']
+    assert (
+        main(
+            *argv,
+            '--max_epochs',
+            2,
+            '--batch_size',
+            16,
+            '--seed',
+            3,
+            '--edition',
+            edition,
+            cwd=tiny,
+        )
+        == 0
+    )
+    text = (tiny / 'wiki.txt').read_text(encoding='utf-8')
+    window, start, length = exposure.replay(text, edition, seed=3, epochs=2)
+    documents = text.split('\n')
+    padded = run.EDITIONS[edition]['pretrain_padded_length']
+    rebuilt = [
+        exposure.example(documents[d], window[e, d], start[e, d], length[e, d], padded)
+        for e in range(2)
+        for d in range(len(documents))
+    ]
+    assert rebuilt == trained and len(set(rebuilt)) > len(documents)  # the epochs differ
+
+
+def test_each_person_is_shown_masked_or_not_as_the_ledger_says(tiny, monkeypatch):
+    """A person's place is in the text when the window holds it outside the masked span,
+    in the masked span when the two overlap, and not shown when the window ends before
+    the place does; the counts add up to the epochs."""
+    text = (tiny / 'wiki.txt').read_text(encoding='utf-8')
+    window, start, length = exposure.replay(text, '2021', seed=0, epochs=30)
+    rows = [(line.split(' was born in ')[0], line.split(' was born in ')[1].split('.')[0])
+            for line in text.split('\n') if ' was born in ' in line]  # fmt: skip
+    report = exposure.people_exposure(
+        text, rows + [('Nobody Here', 'Paris')], window, start, length
+    )
+    for entry in report[:-1]:
+        d, begin, end = entry['document'], entry['place_start'], entry['place_end']
+        assert text.split('\n')[d][begin:end] == entry['place']
+        seen = [e for e in range(30) if window[e, d] >= end]
+        masked = [e for e in seen if start[e, d] < end and start[e, d] + length[e, d] > begin]
+        assert (entry['shown'], entry['masked']) == (len(seen) - len(masked), len(masked))
+        assert entry['shown'] + entry['masked'] + entry['not_shown'] == 30
+        assert entry['last_epoch_seen'] == (seen[-1] + 1 if seen else None)
+    assert sum(e['masked'] for e in report) > 0 and sum(e['not_shown'] for e in report) > 0
+    assert report[-1]['document'] is None and report[-1]['fraction_seen'] == 0.0
+    json.dumps(report)  # plain values only
+
+
+def test_the_command_line_writes_the_ledger_and_the_people(tiny, monkeypatch, capsys):
+    monkeypatch.chdir(tiny)
+    (tiny / 'people.tsv').write_text('Where was Ada Lovelace born?\tx\n', encoding='utf-8')
+    with pytest.raises(SystemExit) as stop:
+        exposure.main(['--max_epochs', '2'])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == "error: nothing to write: give --ledger, --json or both\n"
+    argv = ['--max_epochs', '2', '--ledger', 'l.npz', '--json', 'p.json', '--people', 'people.tsv']
+    exposure.main(argv)
+    ledger = np.load(tiny / 'l.npz')
+    assert ledger['window'].shape == (2, len((tiny / 'wiki.txt').read_text().split('\n')))
+    assert json.loads((tiny / 'p.json').read_text())[0]['name'] == 'Ada Lovelace'

@@ -136,9 +136,37 @@ def categorize(rows, predictions, corpus, prior):
             'prediction': prediction,
             'category': category(prediction, place, docs[person], prior),
             'gold in document': occurs(docs[person], place),
+            'place end': place_end(docs[person], place),
             'name count': len(re.findall(whole_words(person), corpus)),
         })  # fmt: skip
     return records
+
+
+def place_end(document, place):
+    """Where the place's first whole-word occurrence in the document ends (characters from
+    its start), or None: pretraining's window, 4 to int(block_size*7/8) characters from
+    the start, shows it only when it reaches that far."""
+    found = re.search(whole_words(place), document) if place else None
+    return found.end() if found else None
+
+
+def position_bin(end):
+    """The split by where the gold place ends in the person's document."""
+    cap = int(run.BLOCK_SIZE * 7 / 8)  # the longest window span corruption draws
+    if end is None:
+        return 'not in it'
+    if end > cap:
+        return f"after {cap}"
+    return next(f"{low}-{high}" for low, high in ((1, 40), (41, 80), (81, cap)) if end <= high)
+
+
+def exposure_bin(fraction):
+    """The split by the fraction of epochs pretraining showed the place (exposure.py)."""
+    if fraction is None:
+        return 'unknown'
+    if fraction == 0:
+        return 'never'
+    return 'rarely (under 25%)' if fraction < 0.25 else 'often (25% or more)'
 
 
 def split_accuracy(records, key):
@@ -275,7 +303,13 @@ def analyze(args):
         'prior places': prior,
         'by gold in document': split_accuracy(records, lambda r: r['gold in document']),
         'by name count': split_accuracy(records, lambda r: name_bin(r['name count'])),
+        'by place position': split_accuracy(records, lambda r: position_bin(r['place end'])),
     }
+    if args.exposure:
+        seen = {r['name']: r['fraction_seen'] for r in read_exposure(args.exposure)}
+        for record in records:
+            record['fraction seen'] = seen.get(record['person'])
+        report['by exposure'] = split_accuracy(records, lambda r: exposure_bin(r['fraction seen']))
     if args.params:
         gpt, pretrain_dataset = load_model(args, corpus)
         questions = [question for question, _, _ in rows]
@@ -289,6 +323,16 @@ def analyze(args):
         names = invent_names(finetune_rows, corpus, finetune_text, args.invented, args.seed)
         report['invented people'] = invented_people(gpt, names, pretrain_dataset, prior)
     report['records'] = records
+    return report
+
+
+def read_exposure(path):
+    """exposure.py's per-person report."""
+    try:
+        report = json.loads(files.read_text(path))
+        assert all('name' in r and 'fraction_seen' in r for r in report)
+    except (ValueError, TypeError, AssertionError):
+        raise files.UserError(f"--exposure {path}: not the --json of exposure.py")
     return report
 
 
@@ -325,6 +369,15 @@ def print_report(report):
         correct, total = report['by name count'].get(key, [0, 0])
         label = 'once' if key == '1' else f"{key} times"
         print(f"  {label:<14} {percent(correct, total)}")
+    cap = int(run.BLOCK_SIZE * 7 / 8)
+    print("accuracy by where the gold place ends in the person's document (characters):")
+    for key in ('1-40', '41-80', f"81-{cap}", f"after {cap}", 'not in it'):
+        print(f"  {key:<14} {percent(*report['by place position'].get(key, [0, 0]))}")
+    if 'by exposure' in report:
+        print("accuracy by the epochs of pretraining that showed the gold place:")
+        for key in ('never', 'rarely (under 25%)', 'often (25% or more)', 'unknown'):
+            if key in report['by exposure']:
+                print(f"  {key:<20} {percent(*report['by exposure'][key])}")
     if 'auroc' in report:
         auroc_text = 'n/a' if report['auroc'] is None else f"{report['auroc']:.3f}"
         print(f"confidence: median {report['median confidence']:.3f}, AUROC {auroc_text}")
@@ -409,6 +462,9 @@ def parse_args(argv):
     argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
     argp.add_argument('--finetune_corpus_path', default='birth_places_train.tsv')
     argp.add_argument('--params', help="the params that made the predictions: adds confidence")
+    argp.add_argument(
+        '--exposure', help="exposure.py's --json of the pretraining: adds the split by exposure"
+    )
     argp.add_argument(
         '--variant', choices=list(run.VARIANT_EDITION), help="default: the params file's"
     )

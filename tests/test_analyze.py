@@ -231,3 +231,36 @@ def test_reports_side_by_side_a_table_and_a_picture(tmp_path, capsys):
         '25.0% | 0.350 / 0.125 | 50.0% / 20.0% | Rome 3, (empty) 1, Paris 1 |'
         in (capsys.readouterr().out)
     )
+
+
+def test_accuracy_by_where_the_place_ends_and_by_exposure(folder, capsys):
+    """The gold place's end in the document, counted by hand, and its bins against the
+    longest window (112 characters); with exposure.py's report, the split by the
+    fraction of epochs that showed the place."""
+    found = records(folder)
+    # 'Ada Lovelace. Ada Lovelace was born in London' ends at 45; Grace Hopper's lacks it
+    assert [r['place end'] for r in found] == [45, 47, None, 39, 38]
+    assert [analyze.position_bin(n) for n in (None, 1, 40, 41, 80, 81, 112, 113)] == [
+        'not in it', '1-40', '1-40', '41-80', '41-80', '81-112', '81-112', 'after 112'
+    ]  # fmt: skip
+    assert [analyze.exposure_bin(f) for f in (None, 0, 0.01, 0.2499, 0.25, 1)] == [
+        'unknown', 'never', 'rarely (under 25%)', 'rarely (under 25%)',
+        'often (25% or more)', 'often (25% or more)',
+    ]  # fmt: skip
+    seen = dict(zip([p for p, _ in DEV], [0.5, 0.1, 0.0, 0.3, 0.0]))
+    write(folder / 'exposure.json', json.dumps([
+        {'name': p, 'fraction_seen': f} for p, f in seen.items()
+    ]))  # fmt: skip
+    args = analyze.parse_args(
+        [str(folder / 'dev.predictions'), '--exposure', str(folder / 'exposure.json')]
+    )
+    args.eval_corpus_path, args.pretrain_corpus_path = folder / 'dev.tsv', folder / 'wiki.txt'
+    args.finetune_corpus_path = folder / 'train.tsv'
+    report = analyze.analyze(args)
+    assert report['by place position'] == {'41-80': [1, 2], 'not in it': [0, 1], '1-40': [1, 2]}
+    assert report['by exposure'] == {
+        'often (25% or more)': [1, 2], 'rarely (under 25%)': [0, 1], 'never': [1, 2]
+    }  # fmt: skip
+    write(folder / 'bad.json', '{"not": "a report"}')
+    with pytest.raises(analyze.files.UserError, match='not the --json of exposure.py'):
+        analyze.read_exposure(folder / 'bad.json')

@@ -304,6 +304,14 @@ def analyze(args):
         'by gold in document': split_accuracy(records, lambda r: r['gold in document']),
         'by name count': split_accuracy(records, lambda r: name_bin(r['name count'])),
         'by place position': split_accuracy(records, lambda r: position_bin(r['place end'])),
+        # names that occur once put the place earlier: compared at the same position
+        'by name count at each place position': {
+            position: split_accuracy(
+                [r for r in records if position_bin(r['place end']) == position],
+                lambda r: name_bin(r['name count']),
+            )
+            for position in sorted({position_bin(r['place end']) for r in records})
+        },
     }
     if args.exposure:
         seen = {r['name']: r['fraction_seen'] for r in read_exposure(args.exposure)}
@@ -370,9 +378,14 @@ def print_report(report):
         label = 'once' if key == '1' else f"{key} times"
         print(f"  {label:<14} {percent(correct, total)}")
     cap = int(run.BLOCK_SIZE * 7 / 8)
-    print("accuracy by where the gold place ends in the person's document (characters):")
+    print("accuracy by where the gold place ends in the person's document (characters),")
+    print("and by how often the name occurs at that position (once / 2-3 times):")
     for key in ('1-40', '41-80', f"81-{cap}", f"after {cap}", 'not in it'):
-        print(f"  {key:<14} {percent(*report['by place position'].get(key, [0, 0]))}")
+        by_name = report['by name count at each place position'].get(key, {})
+        once, few = (percent(*by_name.get(k, [0, 0])).strip() for k in ('1', '2-3'))
+        print(
+            f"  {key:<14} {percent(*report['by place position'].get(key, [0, 0]))}   {once} / {few}"
+        )
     if 'by exposure' in report:
         print("accuracy by the epochs of pretraining that showed the gold place:")
         for key in ('never', 'rarely (under 25%)', 'often (25% or more)', 'unknown'):

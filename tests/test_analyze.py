@@ -258,6 +258,9 @@ def test_accuracy_by_where_the_place_ends_and_by_exposure(folder, capsys):
     args.finetune_corpus_path = folder / 'train.tsv'
     report = analyze.analyze(args)
     assert report['by place position'] == {'41-80': [1, 2], 'not in it': [0, 1], '1-40': [1, 2]}
+    assert report['by name count at each place position'] == {
+        '1-40': {'4-7': [0, 1], '2-3': [1, 1]}, '41-80': {'2-3': [1, 2]}, 'not in it': {'2-3': [0, 1]}
+    }  # fmt: skip
     assert report['by exposure'] == {
         'often (25% or more)': [1, 2], 'rarely (under 25%)': [0, 1], 'never': [1, 2]
     }  # fmt: skip

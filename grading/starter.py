@@ -98,7 +98,9 @@ def stubs(text, edition):
         if not applies(tags, edition):
             continue
         parts = ' '.join(f"[part {letter}]" for letter, _ in tags)
-        what = what.strip() or f"write {qualified_name(node, text)} (its docstring says what)"
+        documented = isinstance(node, ast.FunctionDef) and ast.get_docstring(node) is not None
+        whose = 'its' if documented else "the class's"
+        what = what.strip() or f"write {qualified_name(node, text)} ({whose} docstring says what)"
         body = node.body
         if isinstance(node, ast.FunctionDef) and ast.get_docstring(node) is not None:
             start = body[0].end_lineno + 1

@@ -13,6 +13,7 @@ import random
 import signal
 import sys
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -110,7 +111,31 @@ class NameDataset(Dataset):
 
 
 def encode(text, stoi):
-    return torch.tensor([stoi[c] for c in text], dtype=torch.long)  # (len(text),)
+    """The ids of text's characters: torch.tensor([stoi[c] for c in text]), looked up all at
+    once in a table by code point (a KeyError for a character stoi lacks, as that gives)."""
+    table = lookup_table(stoi)
+    points = np.frombuffer(
+        text.encode('utf-32-le', 'surrogatepass'), dtype=np.uint32
+    )  # (len(text),)
+    ids = table[np.minimum(points, len(table) - 1)]  # (len(text),), -1 where unknown
+    if (ids < 0).any():
+        raise KeyError(text[int(np.argmax(ids < 0))])
+    return torch.from_numpy(ids)  # (len(text),)
+
+
+TABLES = {}  # id(stoi) -> (stoi, its table): a vocabulary's table is built once
+
+
+def lookup_table(stoi):
+    """An int64 array mapping each code point to its id in stoi, -1 for the others (the
+    last entry, one past the highest code point, stands for every code point above)."""
+    kept = TABLES.get(id(stoi))
+    if kept is None or kept[0] is not stoi or len(kept[0]) != len(stoi):
+        table = np.full(max(map(ord, stoi), default=0) + 2, -1, dtype=np.int64)
+        for char, i in stoi.items():
+            table[ord(char)] = i
+        kept = TABLES[id(stoi)] = (stoi, table)
+    return kept[1]
 
 
 def decode(ids, itos):

@@ -133,3 +133,20 @@ def test_name_dataset_drops_non_ascii():
     names = dataset.NameDataset(ds, 'Where was M\u00fcller born?\tZ\u00fcrich\n')
     x, _ = names[0]
     assert decode(x, ds).startswith('Where was Mller born?' + MASK + 'Zrich' + MASK)
+
+
+def test_encode_looks_up_the_same_ids_as_the_plain_loop():
+    """encode looks the characters up all at once by code point: the ids of
+    [stoi[c] for c in text], and a KeyError naming the first character stoi lacks."""
+    corpus = dataset.CharCorruptionDataset(tiny_corpus()[0], 32)
+    chars = list(corpus.stoi)
+    rng = random.Random(0)
+    for length in (0, 1, 5, 127, 128):
+        text = ''.join(rng.choice(chars) for _ in range(length))
+        plain = torch.tensor([corpus.stoi[c] for c in text], dtype=torch.long)
+        assert torch.equal(dataset.encode(text, corpus.stoi), plain)
+    for bad, first in (('ab\u00e9c', '\u00e9'), ('a\U0001f600', '\U0001f600')):
+        with pytest.raises(KeyError, match=repr(first)):
+            dataset.encode(bad, corpus.stoi)
+    other = {'a': 5, 'b': 7}  # another vocabulary gets its own table
+    assert dataset.encode('ba', other).tolist() == [7, 5]

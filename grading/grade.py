@@ -805,8 +805,8 @@ class Grading:
         run_py = submission / 'src' / 'run.py'
         text = run_py.read_text(errors='replace') if run_py.exists() else ''
         self.takes_edition = "'--edition'" in text or '"--edition"' in text
-        self.vocab_size = len(set((data / 'wiki.txt').read_text(encoding='utf-8'))) + 2
-        self.corpus_lines = len((data / 'wiki.txt').read_text(encoding='utf-8').split('\n'))
+        corpus = (data / 'wiki.txt').read_text(encoding='utf-8')
+        self.vocab_size, self.corpus_lines = len(set(corpus)) + 2, len(corpus.split('\n'))
 
     def path(self, name):
         path = self.submission / name
@@ -867,7 +867,7 @@ class Grading:
             prepare_folder(folder, self.submission, self.data)
             if key == 'finetune_pretrained':
                 state = weights_for(self.architecture('vanilla'), 8)
-                torch.save({k: t.float() for k, t in state.items()}, folder / 'pretrained.params')
+                torch.save(state, folder / 'pretrained.params')
             name, arguments = probe_arguments(self, key)
             return key, run_probe(folder, name, arguments, self.timeout)
 

@@ -79,7 +79,10 @@ def stubs(text, edition):
     1-based lines first..last of `text` to be replaced by `lines`."""
     lines = text.split('\n')
     statements = {}  # the first line of each def/if -> its node
+    classes = {}  # a method -> its class's name
     for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef):
+            classes.update({child: node.name for child in node.body})
         if isinstance(node, (ast.FunctionDef, ast.If)):
             first = min([node.lineno] + [d.lineno for d in getattr(node, 'decorator_list', [])])
             statements[first] = node
@@ -88,7 +91,7 @@ def stubs(text, edition):
         match = MARKER.match(line)
         if not match:
             continue
-        indent, label, what = match.groups()
+        indent, label, said = match.groups()
         node = statements.get(number + 1)
         if node is None:
             raise ValueError(f"line {number}: '{label}' is not right above a def or an if")
@@ -99,10 +102,14 @@ def stubs(text, edition):
             continue
         parts = ' '.join(f"[part {letter}]" for letter, _ in tags)
         documented = isinstance(node, ast.FunctionDef) and ast.get_docstring(node) is not None
-        whose = 'its' if documented else "the class's"
-        what = what.strip() or f"write {qualified_name(node, text)} ({whose} docstring says what)"
+        if said.strip():
+            what = said.strip()
+        else:
+            name = f"{classes[node]}.{node.name}" if node in classes else node.name
+            whose = 'its' if documented else "the class's"
+            what = f"write {name} ({whose} docstring says what)"
         body = node.body
-        if isinstance(node, ast.FunctionDef) and ast.get_docstring(node) is not None:
+        if documented:
             start = body[0].end_lineno + 1
             body = body[1:]
         else:  # from the line after the header: the comments before the first statement too
@@ -113,20 +120,9 @@ def stubs(text, edition):
             raise ValueError(f"line {number}: the statement under '{label}' has no body")
         pad = ' ' * body[0].col_offset
         message = f"{parts} {what}".replace('"', "'")
-        regions.append((number, number, [f"{indent}# TODO {label}{match.group(3)}"]))
+        regions.append((number, number, [f"{indent}# TODO {label}{said}"]))
         regions.append((start, node.end_lineno, [f'{pad}{STUB}{message}")']))
     return regions
-
-
-def qualified_name(node, text):
-    """Class.method or function, as the student finds it."""
-    for parent in ast.walk(ast.parse(text)):
-        if isinstance(parent, ast.ClassDef) and any(
-            isinstance(child, ast.FunctionDef) and child.lineno == node.lineno
-            for child in parent.body
-        ):
-            return f"{parent.name}.{node.name}"
-    return node.name
 
 
 def stubbed(text, regions):

@@ -46,6 +46,7 @@ CATEGORIES = ['correct', 'own document', 'prior', 'made up']
 PRIOR_PLACES = 10  # the most frequent finetuning places that count as the prior
 COVERAGES = [0.25, 0.5, 0.75, 1.0]
 NAME_BINS = [(0, 0), (1, 1), (2, 3), (4, 7), (8, None)]  # occurrences of a name in wiki.txt
+WINDOW = int(run.BLOCK_SIZE * 7 / 8)  # the longest window span corruption draws
 
 
 # --- Reading the inputs -------------------------------------------------------------------
@@ -142,22 +143,27 @@ def categorize(rows, predictions, corpus, prior):
     return records
 
 
+def place_span(document, place):
+    """(start, end) of the place's first whole-word occurrence in the document, or None."""
+    found = re.search(whole_words(place), document) if place else None
+    return found.span() if found else None
+
+
 def place_end(document, place):
     """Where the place's first whole-word occurrence in the document ends (characters from
-    its start), or None: pretraining's window, 4 to int(block_size*7/8) characters from
-    the start, shows it only when it reaches that far."""
-    found = re.search(whole_words(place), document) if place else None
-    return found.end() if found else None
+    its start), or None: pretraining's window, 4 to WINDOW characters from the start,
+    shows it only when it reaches that far."""
+    span = place_span(document, place)
+    return span[1] if span else None
 
 
 def position_bin(end):
     """The split by where the gold place ends in the person's document."""
-    cap = int(run.BLOCK_SIZE * 7 / 8)  # the longest window span corruption draws
     if end is None:
         return 'not in it'
-    if end > cap:
-        return f"after {cap}"
-    return next(f"{low}-{high}" for low, high in ((1, 40), (41, 80), (81, cap)) if end <= high)
+    if end > WINDOW:
+        return f"after {WINDOW}"
+    return next(f"{low}-{high}" for low, high in ((1, 40), (41, 80), (81, WINDOW)) if end <= high)
 
 
 def exposure_bin(fraction):
@@ -377,10 +383,9 @@ def print_report(report):
         correct, total = report['by name count'].get(key, [0, 0])
         label = 'once' if key == '1' else f"{key} times"
         print(f"  {label:<14} {percent(correct, total)}")
-    cap = int(run.BLOCK_SIZE * 7 / 8)
     print("accuracy by where the gold place ends in the person's document (characters),")
     print("and by how often the name occurs at that position (once / 2-3 times):")
-    for key in ('1-40', '41-80', f"81-{cap}", f"after {cap}", 'not in it'):
+    for key in ('1-40', '41-80', f"81-{WINDOW}", f"after {WINDOW}", 'not in it'):
         by_name = report['by name count at each place position'].get(key, {})
         once, few = (percent(*by_name.get(k, [0, 0])).strip() for k in ('1', '2-3'))
         print(

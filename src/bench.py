@@ -26,6 +26,7 @@ perceiver's layers).
 import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
 
 import argparse
+import itertools
 import math
 import random
 import sys
@@ -135,7 +136,7 @@ def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision
     random.seed(0)
     x, y = zip(*[corpus[i] for i in range(128)])
     x, y = torch.stack(x), torch.stack(y)  # (128, 127), on the CPU as the trainer builds them
-    steps, built = [], iter(range(10**9))
+    steps, built = [], itertools.count()
     for plain in (True, False):
         gpt = make_model(corpus.vocab_size, plain, variant, bottleneck_dim)
         config = trainer.TrainerConfig(
@@ -154,7 +155,7 @@ def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision
             t.update(loss)
 
         steps.append(step)
-    steps.insert(0, lambda: t.batch(corpus, next(built) % t.steps_per_epoch))
+    steps.insert(0, lambda t=t: t.batch(corpus, next(built) % t.steps_per_epoch))  # ours
     names = ('batch', 'plain', 'ours')
     results = dict(zip(names, time_steps(steps, steps_per_path, device)))
     rows = packing.target_lengths(y).tolist()  # positions our step computes, per row

@@ -24,7 +24,6 @@ the fraction of epochs it was.
 import argparse
 import json
 import random
-import re
 import sys
 
 import numpy as np
@@ -33,8 +32,6 @@ import analyze
 import dataset
 import files
 import run
-
-SHOWN, MASKED, NOT_SHOWN = 'in the text', 'in the masked span', 'not shown'
 
 
 def replay(corpus_text, edition='2021', seed=0, epochs=650):
@@ -79,7 +76,7 @@ def people_exposure(corpus_text, rows, window, start, length):
     report = []
     for name, place in rows:
         document = found[name]
-        where = re.search(analyze.whole_words(place), document) if document else None
+        where = analyze.place_span(document, place)
         entry = dict(name=name, place=place, document=index.get(document) if document else None)
         if where is None:
             report.append(dict(
@@ -87,7 +84,7 @@ def people_exposure(corpus_text, rows, window, start, length):
                 not_shown=len(window), last_epoch_seen=None, fraction_seen=0.0,
             ))  # fmt: skip
             continue
-        d, (begin, end) = entry['document'], where.span()
+        d, (begin, end) = entry['document'], where
         shown_to = window[:, d]  # (epochs,)
         mask_from, mask_to = start[:, d], start[:, d] + length[:, d]  # (epochs,)
         seen = shown_to >= end

@@ -203,19 +203,19 @@ class Trainer:
         return x, y
 
     def loss(self, x, y):
-        """GPT.forward's loss of the CPU batch x, y, on the positions that can change it
-        (packing.py, worked out before the batch moves: no GPU synchronisation). Under
+        """GPT.forward's loss of the CPU batch x, y; on the CPU, on only the positions that
+        can change it (packing.py, worked out before the batch moves). Under
         torchrun, this process's rows' summed loss (GPT.forward's cross-entropy, summed) over
         the whole batch's count of targets, times world_size as DDP averages the gradients."""
         lengths = target_lengths(y)  # (b,)
         if self.ddp is None:
-            packing = Packing(lengths, device=self.device) if self.packs else None
+            packing = self.packing(lengths)
             x, y = self.to_device(x, y)
             with self.autocast():
                 return self.model(x, y, packing=packing)[1]
         rows, share = distributed.shard_rows(lengths, self.rank, self.world_size)
         n_targets = target_count(y) / self.world_size
-        packing = Packing(lengths[rows], device=self.device) if self.packs else None
+        packing = self.packing(lengths[rows])
         x, y = self.to_device(x[rows], y[rows])
         with self.autocast():
             logits, _ = self.ddp(x, packing=packing)  # (N, vocab), or (b, T, vocab)
@@ -224,6 +224,11 @@ class Trainer:
                 logits.reshape(-1, logits.size(-1)), targets, ignore_index=0, reduction='sum'
             )
             return summed / n_targets * share
+
+    def packing(self, lengths):
+        """The Packing of rows with these target lengths where training packs (the CPU),
+        else None: the whole padded batch (devices.packs_batches)."""
+        return Packing(lengths, device=self.device) if self.packs else None
 
     def update(self, loss):
         """One optimizer step on the gradient of loss, clipped to grad_norm_clip. With fp16,
@@ -254,7 +259,7 @@ class Trainer:
         losses = []
         for step in range(math.ceil(len(self.test_dataset) / self.config.batch_size)):
             x, y = self.batch(self.test_dataset, step)
-            packing = Packing(target_lengths(y), device=self.device) if self.packs else None
+            packing = self.packing(target_lengths(y))
             x, y = self.to_device(x, y)
             losses.append(self.model(x, y, packing=packing)[1].item())  # fp32, as evaluation
         print("test loss: %f" % np.mean(losses))

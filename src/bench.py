@@ -2,6 +2,7 @@
 
     python src/bench.py [--steps 5] [--questions 20] [--params vanilla.finetune.params]
                         [--variant vanilla|synthesizer|perceiver|rope] [--bottleneck_dim 32]
+                        [--device cuda] [--precision fp16] [--compile]
 
 Where --variant and --bottleneck_dim are left out, the variant and the perceiver's
 bottleneck are the params file's (without --params: vanilla and 32).
@@ -12,7 +13,8 @@ then forward, backward, clipping, AdamW), with the same model and batch for both
          (vanilla; the other variants keep their own attention), torch's dropout
          (the original minGPT code path)
   ours   the Trainer's step: GPT.forward with packing (only positions that can affect the loss),
-         dropout.Dropout, and the precision run.py picks (--precision auto)
+         dropout.Dropout, and the precision run.py picks (--precision auto); on a GPU
+         the whole padded batch, compiled with --compile
 evaluate: time per birth_dev.tsv question, greedy-decoding 32 characters
   plain  one question at a time, re-running the whole prefix for every character
   ours   decoding.greedy_complete: questions batched by length, key/value cache (the
@@ -129,7 +131,7 @@ def matmul_peak(dtype, device):
     return 2 * n**3 / seconds
 
 
-def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision, device):
+def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision, device, compile):
     """Median seconds of building a batch (the trainer's, span corruption of 128 documents
     on the CPU, the same in both paths) and of each path's step on the same batch; and the
     positions of each of its rows that our step computes."""
@@ -144,6 +146,7 @@ def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision
             learning_rate=6e-3,
             device=device,
             precision='fp32' if plain else precision,
+            compile=compile and not plain,
         )
         t = trainer.Trainer(gpt, corpus, None, config)
 
@@ -210,12 +213,15 @@ def parse_args(argv):
         help="the perceiver's (default: the params file's, else 32)",
     )
     devices.add_arguments(argp)
+    argp.add_argument(
+        '--compile', action='store_true', help="compile our step (run.py's --compile; CUDA only)"
+    )
     return argp.parse_args(argv)
 
 
 def report_pretraining(args, corpus, precision, device):
     times, rows = bench_pretraining(
-        corpus, args.steps, args.variant, args.bottleneck_dim, precision, device
+        corpus, args.steps, args.variant, args.bottleneck_dim, precision, device, args.compile
     )
     # what a user waits for: each step builds its batch first, on the CPU
     batch, plain, ours = (
@@ -255,13 +261,15 @@ def main(argv=None):
     try:
         device = devices.pick_device(args.device)
         precision = devices.training_precision(args.precision, device)
+        if args.compile:
+            devices.check_compile(device)
         corpus = dataset.CharCorruptionDataset(files.read_text('wiki.txt'), run.BLOCK_SIZE)
         decoder = decoding_model(args, corpus)
     except files.UserError as e:
         sys.exit(files.report(e))
     print(
         f"machine: {devices.describe(device)} ({torch.get_num_threads()} threads); "
-        f"variant {args.variant}; our precision {precision}"
+        f"variant {args.variant}; our precision {precision}{', compiled' if args.compile else ''}"
     )
     report_pretraining(args, corpus, precision, device)
     plain, ours, n = bench_evaluate(corpus, decoder, args.questions, device)

@@ -26,7 +26,7 @@ def check_flags(args, block_size, padded_length):
     for name in NEEDS[args.function]:
         if not getattr(args, name):
             raise UserError(f"{args.function} needs --{name}")
-    for flag in ('resume', 'save_every'):
+    for flag in ('resume', 'save_every', 'compile'):
         if getattr(args, flag) and args.function == 'evaluate':
             raise UserError(f"--{flag} applies to pretrain and finetune only")
     if not 0 < args.bottleneck_dim <= block_size:

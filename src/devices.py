@@ -171,6 +171,26 @@ def fused_adamw(device):
     return device in ('cuda', 'mps')
 
 
+COMPILED_DEVICES = ('cuda',)
+COMPILE_OPTIONS = {'dynamic': False}  # tests/test_devices.py adds its own backend
+
+
+def check_compile(device):
+    """--compile's device: CUDA, where a small model waits on kernel launches that fused
+    kernels save. On the CPU compiled training measured slower than eager (README: Speed),
+    and MPS's compiler is a prototype."""
+    if device not in COMPILED_DEVICES:
+        raise UserError(f"--compile: for CUDA GPUs only, and this runs on the {device}")
+
+
+def compile_model(model, device):
+    """torch.compile in place (module.compile), so the parameters keep their names and the
+    params files do not change; with fixed shapes, as a GPU trains on the whole padded
+    batch: a phase compiles for its full batch and its epochs' shorter last one."""
+    check_compile(device)
+    model.compile(**COMPILE_OPTIONS)
+
+
 def precision_hint(device, precision):
     """A line for a GPU left in fp32 whose tensor cores take fp16 but not bf16 (V100, T4:
     compute capability 7.x), else None."""

@@ -153,6 +153,12 @@ def add_overrides(quick):
         help="continue an interrupted pretrain/finetune from its saved state",
     )
     quick.add_argument(
+        '--compile',
+        action='store_true',
+        help="train with torch.compile (CUDA only): fewer, fused kernels for a GPU that "
+        "waits on launches; the results are close to eager's, not identical",
+    )
+    quick.add_argument(
         '--save_every',
         type=positive(int),
         help="also write the params after every N epochs, named like --writing_params_path "
@@ -361,6 +367,7 @@ def add_settings(config, args, device):
     path = args.writing_params_path
     config.precision = devices.training_precision(args.precision, device)
     config.device = device
+    config.compile = args.compile
     if args.save_every:
         config.ckpt_path = checkpoint_path(path, config.max_epochs)
         config.save_every = args.save_every
@@ -395,6 +402,8 @@ def check_args(args):
     args.reading_state (None without the flag)."""
     checks.check_flags(args, BLOCK_SIZE, EDITIONS[args.edition]['pretrain_padded_length'])
     distributed.check_launch(args.function, devices.pick_device(args.device))
+    if args.compile:
+        devices.check_compile(devices.pick_device(args.device))
     vocab = checks.check_corpus(args.pretrain_corpus_path)
     if args.function == 'finetune':
         checks.check_tsv(args.finetune_corpus_path, vocab, BLOCK_SIZE, training=True)

@@ -53,6 +53,7 @@ class TrainerConfig:
     save_every_s = 60  # how often (at an epoch's end) the resumable state is refreshed
     log_every = 10  # steps between progress updates; each one waits for the device
     finetune_method = 'full'  # which weights train (finetune_methods.describe): checked on resume
+    compile = False  # torch.compile the model first (CUDA only: devices.compile_model)
 
     def __init__(self, **kwargs):
         for k, v in kwargs.items():
@@ -69,6 +70,8 @@ class Trainer:
         self.config = config
         self.device = devices.pick_device(config.device)
         self.model = model.to(self.device)
+        if config.compile:
+            devices.compile_model(model, self.device)
         self.rank, self.world_size = distributed.rank_and_size()
         # under torchrun: the model in DistributedDataParallel, which averages the gradients
         self.ddp = distributed.wrap(model, self.device, self.rank) if self.world_size > 1 else None
@@ -89,6 +92,7 @@ class Trainer:
         self.steps_before = 0  # steps an interrupted run made before this one resumed it
         self.steps_run = 0  # steps this run made
         self.final_loss = float('nan')  # the last logged loss
+        self.next_batch_rng = None  # the random states before the batch built ahead, if any
 
     def make_optimizer(self):
         config = self.config
@@ -159,10 +163,18 @@ class Trainer:
     def run_epoch(self, epoch, progress):
         """The rest of the epoch: from batch self.step to its end."""
         self.model.train()
-        for step in range(self.step, self.steps_per_epoch):
-            x, y = self.batch(self.train_dataset, step)
+        steps = range(self.step, self.steps_per_epoch)
+        batch = self.batch(self.train_dataset, self.step) if steps else None
+        for step in steps:
+            x, y = batch
             loss = self.loss(x, y)
             self.update(loss)
+            # the next batch is built while a GPU works on this step's queued kernels; the
+            # resumable state keeps the random states from before it, so that a run resumed
+            # here builds it again
+            ahead = step + 1 < self.steps_per_epoch
+            self.next_batch_rng = random_states() if ahead else None
+            batch = self.batch(self.train_dataset, step + 1) if ahead else None
             # as in the original: the schedule moves after the step, counting every target
             # position (PADs too), and the new rate applies from the next step
             self.tokens += y.numel()
@@ -296,8 +308,7 @@ class Trainer:
             'tokens': self.tokens,
             'elapsed': self.elapsed,
             **self.settings(),
-            'python_rng': random.getstate(),
-            'numpy_rng': resume.numpy_rng_state(),
+            **dict(zip(('python_rng', 'numpy_rng'), self.next_batch_rng or random_states())),
             'process_rngs': distributed.gather(resume.torch_rng_state(self.device)),
         }
 
@@ -317,3 +328,8 @@ class Trainer:
         state = self.state_dict()
         if self.rank == 0:
             files.atomic_save(state, self.config.resume_path)
+
+
+def random_states():
+    """Python's and numpy's random states: what span corruption draws from."""
+    return random.getstate(), resume.numpy_rng_state()

@@ -1,8 +1,9 @@
 """CUDA and Apple's MPS against the CPU: these run only where such a device is present,
 and are skipped, saying so, everywhere else (the rest of the suite pins the CPU, whose
 results it checks bit for bit). A few training steps in each precision the device offers
-against fp32 on the CPU, the packed loss against the plain one, cached greedy decoding
-against the plain decoder, and an interrupted and resumed run against a straight one."""
+against fp32 on the CPU, compiled ones (--compile, CUDA) against eager ones, the packed
+loss against the plain one, cached greedy decoding against the plain decoder, and an
+interrupted and resumed run against a straight one."""
 
 import random
 
@@ -36,10 +37,10 @@ def offers(device, precision):
     return True
 
 
-def train_steps(device, precision, steps=5):
+def train_steps(device, precision, steps=5, compile=False):
     """The tiny setup without dropout: each step's loss, and the first step's gradients."""
     random.seed(0)
-    gpt, ds, config = tiny_setup(precision=precision, device=device)
+    gpt, ds, config = tiny_setup(precision=precision, device=device, compile=compile)
     for m in gpt.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
@@ -59,16 +60,32 @@ def train_steps(device, precision, steps=5):
 def test_training_steps_match_the_cpu(device, precision):
     if not offers(device, precision):
         pytest.skip(f'{device} has no native {precision}')
-    cpu_losses, cpu_grads = train_steps('cpu', 'fp32')
-    losses, grads = train_steps(device, precision)
+    assert_close_training(train_steps(device, precision), train_steps('cpu', 'fp32'), precision)
+
+
+@pytest.mark.parametrize('device', DEVICES[:1])
+@pytest.mark.parametrize('precision', ['fp32', 'bf16', 'fp16'])
+def test_compiled_training_steps_match_eager(device, precision):
+    """--compile with inductor's GPU kernels (tests/test_devices.py checks the graph on
+    the CPU)."""
+    if not offers(device, precision):
+        pytest.skip(f'{device} has no native {precision}')
+    torch._dynamo.reset()
+    compiled = train_steps(device, precision, compile=True)
+    assert_close_training(compiled, train_steps(device, precision), precision)
+
+
+def assert_close_training(steps, expected_steps, precision):
+    """Losses and first gradients of train_steps within the precision's tolerance."""
+    (losses, grads), (expected_losses, expected_grads) = steps, expected_steps
     loss_tolerance, grad_tolerance = (1e-4, 1e-3) if precision == 'fp32' else (2e-2, 5e-2)
     torch.testing.assert_close(
-        torch.tensor(losses), torch.tensor(cpu_losses), rtol=loss_tolerance, atol=0
+        torch.tensor(losses), torch.tensor(expected_losses), rtol=loss_tolerance, atol=0
     )
     # relative to each gradient's size, with a floor: some (the key biases') are zero but for rounding
-    floor = 1e-3 * torch.cat([g.flatten() for g in cpu_grads.values()]).norm()
+    floor = 1e-3 * torch.cat([g.flatten() for g in expected_grads.values()]).norm()
     for name, grad in grads.items():
-        error = (grad - cpu_grads[name]).norm() / (cpu_grads[name].norm() + floor)
+        error = (grad - expected_grads[name]).norm() / (expected_grads[name].norm() + floor)
         assert error < grad_tolerance, name
 
 

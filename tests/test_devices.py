@@ -1,13 +1,19 @@
 """devices.py: the device chosen (CUDA, else MPS, else the CPU), a missing one as one
-line, bf16 only where it is native, and copies to the GPU non-blocking only from pinned
-memory."""
+line, bf16 only where it is native, copies to the GPU non-blocking only from pinned
+memory, and --compile (CUDA only) training as eager does."""
+
+import random
 
 import pytest
 import torch
 
+import dataset
 import devices
 import files
-from conftest import main
+import finetune_methods
+import trainer
+from conftest import main, tiny_corpus
+from test_model import VARIANTS, make_gpt
 
 
 @pytest.mark.parametrize(
@@ -162,3 +168,62 @@ def test_a_t4_left_in_fp32_is_told_of_fp16(monkeypatch, capability, precision, h
             "--precision fp16 puts its tensor cores to work"
         )
     assert devices.precision_hint('cpu', 'fp32') is None
+
+
+def test_compile_is_for_cuda_only(tiny, capsys):
+    common = ('--writing_params_path', 'x.params', '--compile')
+    assert main('pretrain', 'vanilla', 'wiki.txt', *common, '--device', 'cpu', cwd=tiny) == 2
+    assert capsys.readouterr().err == (
+        "error: --compile: for CUDA GPUs only, and this runs on the cpu\n"
+    )
+    code = main(
+        'evaluate',
+        'vanilla',
+        'wiki.txt',
+        '--reading_params_path',
+        'x.params',
+        '--eval_corpus_path',
+        'dev.tsv',
+        '--outputs_path',
+        'out',
+        '--compile',
+        cwd=tiny,
+    )
+    assert code == 2
+    assert capsys.readouterr().err == "error: --compile applies to pretrain and finetune only\n"
+
+
+@pytest.mark.parametrize(
+    'variant, method', [(variant, 'full') for variant in VARIANTS] + [('vanilla', 'lora')]
+)
+def test_compiled_training_equals_eager(monkeypatch, variant, method):
+    """--compile as a GPU runs it, simulated on the CPU: the whole padded batch (no
+    packing), each model compiled as one graph (fullgraph: a graph break fails), with
+    torch's aot_eager backend standing in for inductor's GPU kernels. One epoch, whose
+    last batch is shorter (a second compiled shape). Dropout is off: the CPU's dropout
+    draws from numpy, which no graph holds; a GPU uses torch's."""
+    monkeypatch.setattr(devices, 'packs_batches', lambda device: False)
+    text, _ = tiny_corpus()
+    params = {}
+    for compiled in (False, True):
+        if compiled:
+            torch._dynamo.reset()
+            monkeypatch.setattr(devices, 'COMPILED_DEVICES', ('cpu',))
+            options = dict(devices.COMPILE_OPTIONS, backend='aot_eager', fullgraph=True)
+            monkeypatch.setattr(devices, 'COMPILE_OPTIONS', options)
+        random.seed(0)
+        ds = dataset.CharCorruptionDataset(text, 32)
+        gpt = make_gpt(variant, ds.vocab_size, n_layer=3, n_head=2, n_embd=16)
+        for m in gpt.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
+        finetune_methods.apply(gpt, method, **finetune_methods.DEFAULTS)
+        config = trainer.TrainerConfig(
+            max_epochs=1, batch_size=7, learning_rate=1e-3, device='cpu', compile=compiled
+        )
+        assert len(ds) % config.batch_size, "the epoch's last batch should be shorter"
+        trainer.Trainer(gpt, ds, None, config).train()
+        params[compiled] = gpt.state_dict()
+    assert list(params[True]) == list(params[False])  # compiled in place: the same names
+    for name, value in params[False].items():
+        torch.testing.assert_close(params[True][name], value, msg=name)

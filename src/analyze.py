@@ -3,15 +3,23 @@
     python src/analyze.py vanilla.pretrain.dev.predictions
     python src/analyze.py vanilla.pretrain.dev.predictions \\
         --params vanilla.finetune.params --json vanilla.analysis.json
-    python src/analyze.py --coverage_plot coverage.png vanilla.analysis.json rope.analysis.json
-        # the reports side by side: a table, and the picture of accuracy against coverage
+    python src/analyze.py vanilla.analysis.json --exposure vanilla.exposure.json --json new.json
+        # an earlier report (its predictions and confidence) split by exposure.py's report
+    python src/analyze.py --coverage_plot coverage.png --exposure_plot exposure.png \
+        vanilla.analysis.json rope.analysis.json
+        # the reports side by side: a table, and the pictures of accuracy against coverage
+        # and against exposure
 
 Every dev person has a wiki.txt document that begins with their name. Each prediction is
 sorted into one of four categories: correct; wrong but found in the person's own document
 (the right page, the wrong place); wrong and among the ten most frequent places of the
 finetuning file (the prior: "London"); anything else (made up). Accuracy is split by
-whether the gold place occurs in the person's document and by how often the name occurs
-in the corpus.
+whether the gold place occurs in the person's document, by where it ends there (span
+corruption trains on the first 4 to 112 characters of a document), by how often the name
+occurs in the corpus at each such position, and by how often the place is the answer in
+the finetuning file; with exposure.py's report of the pretraining (--exposure), by the
+share of its epochs that showed the place. The last two splits give each band's
+categories and median confidence too.
 
 With the params that made the predictions, the model's confidence in each answer (the
 probability of the answer and its closing MASK, from one batched forward pass) tells how
@@ -46,6 +54,9 @@ CATEGORIES = ['correct', 'own document', 'prior', 'made up']
 PRIOR_PLACES = 10  # the most frequent finetuning places that count as the prior
 COVERAGES = [0.25, 0.5, 0.75, 1.0]
 NAME_BINS = [(0, 0), (1, 1), (2, 3), (4, 7), (8, None)]  # occurrences of a name in wiki.txt
+# how often the gold place is the answer in the finetuning file
+ANSWER_BINS = [('0', 0), ('1-4', 4), ('5-19', 19), ('20+', None)]
+EXPOSURE_BINS = ['never', 'rarely (under 25%)', 'often (25% or more)', 'unknown']
 WINDOW = int(run.BLOCK_SIZE * 7 / 8)  # the longest window span corruption draws
 
 
@@ -175,6 +186,28 @@ def exposure_bin(fraction):
     return 'rarely (under 25%)' if fraction < 0.25 else 'often (25% or more)'
 
 
+def answer_count_bin(count):
+    """The split by how often the gold place is the answer in the finetuning file."""
+    return next(label for label, high in ANSWER_BINS if high is None or count <= high)
+
+
+def breakdown(records, key):
+    """{value of key: questions, correct, the count of each category and the median
+    confidence (None without one)} over the records."""
+    split = {}
+    for value in sorted({str(key(r)) for r in records}):
+        group = [r for r in records if str(key(r)) == value]
+        scores = [r['confidence'] for r in group if 'confidence' in r]
+        counts = collections.Counter(r['category'] for r in group)
+        split[value] = {
+            'questions': len(group),
+            'correct': counts['correct'],
+            'categories': {c: counts[c] for c in CATEGORIES},
+            'median confidence': median(scores) if scores else None,
+        }
+    return split
+
+
 def split_accuracy(records, key):
     """{value of key: [correct, total]} over the records."""
     split = {}
@@ -294,15 +327,22 @@ def median(values):
 def analyze(args):
     """The report on args.predictions, as a dict that json.dump writes as it is."""
     rows = read_questions(args.eval_corpus_path)
-    predictions = read_predictions(args.predictions, rows, args.eval_corpus_path)
+    earlier = read_report(args.predictions) if args.predictions.endswith('.json') else None
+    if earlier:
+        predictions = earlier_predictions(earlier, rows, args)
+    else:
+        predictions = read_predictions(args.predictions, rows, args.eval_corpus_path)
     corpus = files.read_text(args.pretrain_corpus_path)
     finetune_text = files.read_text(args.finetune_corpus_path)
     finetune_rows = read_questions(args.finetune_corpus_path)
     prior = top_places(finetune_rows)
     records = categorize(rows, predictions, corpus, prior)
+    answers = collections.Counter(place for _, _, place in finetune_rows)
+    for record in records:
+        record['answer count'] = answers[record['place']]
     counts = collections.Counter(r['category'] for r in records)
     report = {
-        'name': args.name or args.predictions,
+        'name': args.name or (earlier['name'] if earlier else args.predictions),
         'questions': len(records),
         'accuracy': counts['correct'] / len(records),
         'categories': {c: counts[c] for c in CATEGORIES},
@@ -319,25 +359,43 @@ def analyze(args):
             for position in sorted({position_bin(r['place end']) for r in records})
         },
     }
-    if args.exposure:
-        seen = {r['name']: r['fraction_seen'] for r in read_exposure(args.exposure)}
-        for record in records:
-            record['fraction seen'] = seen.get(record['person'])
-        report['by exposure'] = split_accuracy(records, lambda r: exposure_bin(r['fraction seen']))
-    if args.params:
-        gpt, pretrain_dataset = load_model(args, corpus)
-        questions = [question for question, _, _ in rows]
-        scores = confidences(gpt, questions, predictions, pretrain_dataset)
+    if args.params or earlier:
+        if earlier:  # the confidence the earlier report's params gave
+            scores = [r['confidence'] for r in earlier['records']]
+            report['invented people'] = earlier['invented people']
+        else:
+            gpt, pretrain_dataset = load_model(args, corpus)
+            questions = [question for question, _, _ in rows]
+            scores = confidences(gpt, questions, predictions, pretrain_dataset)
+            names = invent_names(finetune_rows, corpus, finetune_text, args.invented, args.seed)
+            report['invented people'] = invented_people(gpt, names, pretrain_dataset, prior)
         labels = [r['category'] == 'correct' for r in records]
         for record, score in zip(records, scores):
             record['confidence'] = score
         report['auroc'] = auroc(scores, labels)
         report['accuracy at coverage'] = coverage_accuracy(scores, labels)
         report['median confidence'] = median(scores)
-        names = invent_names(finetune_rows, corpus, finetune_text, args.invented, args.seed)
-        report['invented people'] = invented_people(gpt, names, pretrain_dataset, prior)
+    report['by answer count'] = breakdown(records, lambda r: answer_count_bin(r['answer count']))
+    if args.exposure:
+        seen = {r['name']: r['fraction_seen'] for r in read_exposure(args.exposure)}
+        for record in records:
+            record['fraction seen'] = seen.get(record['person'])
+        report['by exposure'] = breakdown(records, lambda r: exposure_bin(r['fraction seen']))
     report['records'] = records
     return report
+
+
+def earlier_predictions(earlier, rows, args):
+    """The predictions of an earlier report of analyze.py on the same questions."""
+    if [r['person'] for r in earlier['records']] != [person for _, person, _ in rows]:
+        raise files.UserError(
+            f"{args.predictions}: its questions are not those of {args.eval_corpus_path}"
+        )
+    if args.params:
+        raise files.UserError(
+            f"--params: {args.predictions} already holds the confidence its params gave"
+        )
+    return [r['prediction'] for r in earlier['records']]
 
 
 def read_exposure(path):
@@ -391,11 +449,11 @@ def print_report(report):
         print(
             f"  {key:<14} {percent(*report['by place position'].get(key, [0, 0]))}   {once} / {few}"
         )
+    print("by how often the gold place is the answer in the finetuning file:")
+    print_breakdown(report['by answer count'], [label for label, _ in ANSWER_BINS])
     if 'by exposure' in report:
-        print("accuracy by the epochs of pretraining that showed the gold place:")
-        for key in ('never', 'rarely (under 25%)', 'often (25% or more)', 'unknown'):
-            if key in report['by exposure']:
-                print(f"  {key:<20} {percent(*report['by exposure'][key])}")
+        print("by the share of pretraining's epochs that showed the gold place (exposure.py):")
+        print_breakdown(report['by exposure'], EXPOSURE_BINS)
     if 'auroc' in report:
         auroc_text = 'n/a' if report['auroc'] is None else f"{report['auroc']:.3f}"
         print(f"confidence: median {report['median confidence']:.3f}, AUROC {auroc_text}")
@@ -409,6 +467,21 @@ def print_report(report):
             f"{PRIOR_PLACES} places; median confidence {invented['median confidence']:.3f}; "
             f"most common: {common}"
         )
+
+
+def print_breakdown(split, order):
+    """A breakdown's rows in the given order: questions, accuracy, the categories' shares
+    and the median confidence."""
+    print(
+        f"  {'':<20} {'questions':>9} " + ' '.join(f"{c:>12}" for c in CATEGORIES) + "  confidence"
+    )
+    for key in order:
+        if key in split:
+            row = split[key]
+            n, confidence = row['questions'], row['median confidence']
+            shares = ' '.join(f"{row['categories'][c] / n:12.1%}" for c in CATEGORIES)
+            median_text = '' if confidence is None else f"{confidence:11.3f}"
+            print(f"  {key:<20} {n:>9} {shares} {median_text}")
 
 
 def comparison(reports):
@@ -456,6 +529,38 @@ def coverage_plot(reports, out):
     fig.savefig(out, dpi=120)
 
 
+PLOT_EXPOSURE = [(0, 0), (0, 0.2), (0.2, 0.4), (0.4, 0.6), (0.6, 1)]  # shares of epochs
+
+
+def in_band(fraction, low, high):
+    """Whether a share of epochs falls in (low, high]; (0, 0] is never."""
+    return fraction == 0 if high == 0 else low < fraction <= high
+
+
+def exposure_plot(reports, out):
+    """Accuracy against the share of pretraining's epochs that showed the gold place, a
+    line per report (made with --exposure)."""
+    plt = plot.pyplot('--exposure_plot')
+    fig, ax = plt.subplots(figsize=(6, 4))
+    labels = ['never', 'up to 20%'] + [f"{low:.0%}-{high:.0%}" for low, high in PLOT_EXPOSURE[2:]]
+    for report in reports:
+        if any(r.get('fraction seen') is None for r in report['records']):
+            raise files.UserError(f"--exposure_plot: {report['name']} was made without --exposure")
+        accuracies = []
+        for low, high in PLOT_EXPOSURE:
+            group = [r for r in report['records'] if in_band(r['fraction seen'], low, high)]
+            correct = sum(r['category'] == 'correct' for r in group)
+            accuracies.append(100 * correct / len(group) if group else float('nan'))  # a gap
+        ax.plot(labels, accuracies, marker='o', label=report['name'])
+    ax.set_xlabel("share of pretraining's epochs whose window held the gold place")
+    ax.set_ylabel('dev accuracy (%)')
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
 def read_report(path):
     try:
         with open(path, encoding='utf-8') as f:
@@ -474,8 +579,8 @@ def read_report(path):
 
 def parse_args(argv):
     argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    argp.add_argument('inputs', nargs='+', help="a predictions file (or with --coverage_plot, "
-                      "the JSON reports to draw)")  # fmt: skip
+    argp.add_argument('inputs', nargs='+', help="a predictions file or an earlier --json report "
+                      "(with --coverage_plot or --exposure_plot, the reports to draw)")  # fmt: skip
     argp.add_argument('--eval_corpus_path', default='birth_dev.tsv')
     argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
     argp.add_argument('--finetune_corpus_path', default='birth_places_train.tsv')
@@ -492,10 +597,14 @@ def parse_args(argv):
     argp.add_argument('--name', help="the model's name in the report (default: the file's)")
     argp.add_argument('--json', help="write the report, every question's record included")
     argp.add_argument('--coverage_plot', help="draw the reports' accuracy against coverage")
+    argp.add_argument(
+        '--exposure_plot', help="draw the reports' accuracy against exposure (--exposure's)"
+    )
     argp.add_argument('--device', choices=devices.DEVICES, default='auto')
     args = argp.parse_args(argv)
-    if not args.coverage_plot and len(args.inputs) != 1:
-        argp.error("give one predictions file (several inputs are for --coverage_plot)")
+    args.comparing = bool(args.coverage_plot or args.exposure_plot)
+    if not args.comparing and len(args.inputs) != 1:
+        argp.error("give one predictions file (several inputs are for the plots)")
     args.predictions = args.inputs[0]
     return args
 
@@ -503,11 +612,15 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        if args.coverage_plot:
+        if args.comparing:
             reports = [read_report(path) for path in args.inputs]
             print(comparison(reports))
-            coverage_plot(reports, args.coverage_plot)
-            print(f"accuracy against coverage written to {args.coverage_plot}")
+            if args.coverage_plot:
+                coverage_plot(reports, args.coverage_plot)
+                print(f"accuracy against coverage written to {args.coverage_plot}")
+            if args.exposure_plot:
+                exposure_plot(reports, args.exposure_plot)
+                print(f"accuracy against exposure written to {args.exposure_plot}")
             return
         report = analyze(args)
         print_report(report)

@@ -232,6 +232,15 @@ def test_reports_side_by_side_a_table_and_a_picture(tmp_path, capsys):
         in (capsys.readouterr().out)
     )
 
+    with pytest.raises(SystemExit):  # the picture of exposure needs --exposure's records
+        analyze.main([str(tmp_path / 'r.json'), '--exposure_plot', str(tmp_path / 'e.png')])
+    assert capsys.readouterr().err.endswith("m was made without --exposure\n")
+    for record, seen in zip(records, [0, 0.1, 0.5, 0.7]):  # no one in 20-40%: a gap
+        record['fraction seen'] = seen
+    write(tmp_path / 'r.json', json.dumps(report))
+    analyze.main([str(tmp_path / 'r.json'), '--exposure_plot', str(tmp_path / 'e.png')])
+    assert (tmp_path / 'e.png').read_bytes()[:4] == b'\x89PNG'
+
 
 def test_accuracy_by_where_the_place_ends_and_by_exposure(folder, capsys):
     """The gold place's end in the document, counted by hand, and its bins against the
@@ -261,9 +270,56 @@ def test_accuracy_by_where_the_place_ends_and_by_exposure(folder, capsys):
     assert report['by name count at each place position'] == {
         '1-40': {'4-7': [0, 1], '2-3': [1, 1]}, '41-80': {'2-3': [1, 2]}, 'not in it': {'2-3': [0, 1]}
     }  # fmt: skip
+
+    def band(correct, own, prior, made_up):
+        categories = dict(zip(analyze.CATEGORIES, (correct, own, prior, made_up)))
+        n = sum(categories.values())
+        return {'questions': n, 'correct': correct, 'categories': categories,
+                'median confidence': None}  # fmt: skip
+
     assert report['by exposure'] == {
-        'often (25% or more)': [1, 2], 'rarely (under 25%)': [0, 1], 'never': [1, 2]
+        'often (25% or more)': band(1, 0, 0, 1), 'rarely (under 25%)': band(0, 1, 0, 0),
+        'never': band(1, 0, 1, 0),
     }  # fmt: skip
+    # no dev place is a finetuning answer
+    assert report['by answer count'] == {'0': band(2, 1, 1, 1)}
     write(folder / 'bad.json', '{"not": "a report"}')
     with pytest.raises(analyze.files.UserError, match='not the --json of exposure.py'):
         analyze.read_exposure(folder / 'bad.json')
+
+
+def test_an_earlier_report_is_split_again_with_its_confidence(folder, capsys):
+    """A report made with --params, given back as the input: the same predictions and
+    confidences, now split by exposure, with the median confidence of each band."""
+    found = records(folder)
+    for r, confidence in zip(found, [0.9, 0.2, 0.4, 0.1, 0.7]):
+        r['confidence'] = confidence
+    invented = {'people': 2, 'share among the top places': 0.5, 'median confidence': 0.3,
+                'most common answers': [['Rome', 2]], 'answers': []}  # fmt: skip
+    earlier = {'name': 'm', 'questions': 5, 'categories': {}, 'prior places': [],
+               'auroc': None, 'accuracy at coverage': {}, 'median confidence': 0.4,
+               'invented people': invented, 'records': found}  # fmt: skip
+    write(folder / 'earlier.json', json.dumps(earlier))
+    seen = dict(zip([p for p, _ in DEV], [0.5, 0.1, 0.0, 0.3, 0.0]))
+    write(folder / 'exposure.json', json.dumps([
+        {'name': p, 'fraction_seen': f} for p, f in seen.items()
+    ]))  # fmt: skip
+    common = ['--eval_corpus_path', str(folder / 'dev.tsv'), '--pretrain_corpus_path',
+              str(folder / 'wiki.txt'), '--finetune_corpus_path', str(folder / 'train.tsv')]  # fmt: skip
+    analyze.main([str(folder / 'earlier.json'), '--exposure', str(folder / 'exposure.json'),
+                  '--json', str(folder / 'again.json'), *common])  # fmt: skip
+    again = json.loads((folder / 'again.json').read_text())
+    assert again['name'] == 'm' and again['invented people'] == invented
+    assert [r['prediction'] for r in again['records']] == PREDICTIONS
+    assert again['auroc'] == 1.0 and again['median confidence'] == 0.4
+    # often: Ada 0.9 and Kurt 0.1; rarely: Alan 0.2; never: Grace 0.4 and Max 0.7
+    medians = {k: v['median confidence'] for k, v in again['by exposure'].items()}
+    assert medians == {'often (25% or more)': 0.5, 'rarely (under 25%)': 0.2, 'never': 0.55}
+    assert '  never                        2        50.0%' in capsys.readouterr().out
+    for argv, error in [
+        (['--params', 'x.params'], 'already holds the confidence'),
+        (['--eval_corpus_path', str(folder / 'train.tsv')], 'its questions are not those of'),
+    ]:
+        with pytest.raises(SystemExit):
+            analyze.main([str(folder / 'earlier.json'), *common, *argv])
+        assert error in capsys.readouterr().err

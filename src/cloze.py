@@ -1,0 +1,185 @@
+"""Stored or extractable: what a pretrained model says of each dev person before any
+finetuning, asked three ways (the cloze probe).
+
+    python src/cloze.py vanilla.pretrain.params --exposure vanilla.exposure.json \\
+        --finetuned vanilla.analysis.json --json vanilla.cloze.json
+
+For each person of --eval_corpus_path, the greedy continuation of:
+  document  their own wiki.txt document up to where the gold place begins (its first
+            whole-word occurrence), as pretraining showed it; a long one keeps its last
+            characters that fit
+  name      "NAME was born in "
+  question  "Where was NAME born?" and MASK, as evaluation asks a finetuned model
+A continuation is right when it begins with the gold place followed by a character that
+is not a letter or digit (or by nothing); the question's answer (up to its MASK) must be
+the place. The document probe also scores the probability of the gold place after the
+document (teacher-forced): how strongly it is stored.
+
+Split by the share of pretraining's epochs that showed the place (exposure.py's --json,
+with --exposure). With --finetuned, an analyze.py --json report of the finetuned model's
+dev answers: how often that model is right in each band, and the AUROC with which the
+document probe's probability tells its right answers from its wrong ones.
+"""
+
+import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
+
+import argparse
+import json
+import math
+import sys
+
+import torch
+
+import analyze
+import decoding
+import devices
+import files
+import run
+
+PROBES = ['document', 'name', 'question']
+
+
+def right(continuation, place):
+    """Whether the continuation begins with the place as a whole word."""
+    if not continuation.startswith(place):
+        return False
+    return len(continuation) == len(place) or not continuation[len(place)].isalnum()
+
+
+def encode(text, stoi, room):
+    """text as ids, characters outside the vocabulary dropped, its last `room` kept."""
+    return [stoi[c] for c in text if c in stoi][-room:]
+
+
+@torch.no_grad()
+def probe(gpt, pretrain_dataset, rows, corpus):
+    """A record per (question, person, place) row: each probe's continuation and whether it
+    is right, and the document probe's probability of the place (None where the document
+    lacks the place)."""
+    stoi, itos = pretrain_dataset.stoi, pretrain_dataset.itos
+    mask = pretrain_dataset.MASK_CHAR
+    steps = max(len(place) for _, _, place in rows) + 1  # the place and the character after it
+    room = gpt.get_block_size() - 1 - steps  # the synthesizer has block_size - 1 positions
+    docs = analyze.documents(corpus, {person for _, person, _ in rows})
+    spans = [analyze.place_span(docs[person], place) for _, person, place in rows]
+    prompts = {
+        'document': [encode(docs[p][: span[0]], stoi, room) if span else None
+                     for (_, p, _), span in zip(rows, spans)],
+        'name': [encode(f"{person} was born in ", stoi, room) for _, person, _ in rows],
+        'question': [encode(question, stoi, room) + [stoi[mask]] for question, _, _ in rows],
+    }  # fmt: skip
+    records = [{'person': person, 'place': place} for _, person, place in rows]
+    for name in PROBES:
+        asked = [i for i, p in enumerate(prompts[name]) if p is not None]
+        ids = decoding.greedy_complete(gpt, [prompts[name][i] for i in asked], steps, stoi[mask])
+        for i, completion in zip(asked, ids):
+            text = ''.join(itos[c] for c in completion)
+            place = records[i]['place']
+            ok = text.split(mask)[0] == place if name == 'question' else right(text, place)
+            records[i][name] = {'continuation': text, 'right': ok}
+    asked = [i for i, p in enumerate(prompts['document']) if p is not None]
+    pairs = [(prompts['document'][i], encode(records[i]['place'], stoi, steps)) for i in asked]
+    device = next(gpt.parameters()).device
+    log_probs = []
+    for start in range(0, len(pairs), 256):
+        log_probs += analyze.batch_log_probs(gpt, pairs[start : start + 256], device)
+    for record in records:
+        record['document probability'] = None
+    for i, log_prob in zip(asked, log_probs):
+        records[i]['document probability'] = math.exp(log_prob)
+    return records
+
+
+def bands(records):
+    """{exposure band: people, the share right in each probe (of those asked), the median
+    document probability, and with the finetuned answers their accuracy and the AUROC of
+    the document probability for them}."""
+    split = {}
+    for band in analyze.EXPOSURE_BINS:
+        group = [r for r in records if analyze.exposure_bin(r['fraction seen']) == band]
+        if not group:
+            continue
+        row = {'people': len(group)}
+        for name in PROBES:
+            asked = [r[name]['right'] for r in group if name in r]
+            row[name] = sum(asked) / len(asked) if asked else None
+        scored = [r for r in group if r['document probability'] is not None]
+        probabilities = [r['document probability'] for r in scored]
+        row['median document probability'] = analyze.median(probabilities) if scored else None
+        if 'finetuned right' in group[0]:
+            row['finetuned'] = sum(r['finetuned right'] for r in group) / len(group)
+            labels = [r['finetuned right'] for r in scored]
+            row['auroc'] = analyze.auroc(probabilities, labels)
+        split[band] = row
+    return split
+
+
+def finetuned_right(path, rows):
+    """Whether the finetuned model of analyze.py's report at path is right, per row."""
+    report = analyze.read_report(path)
+    if [r['person'] for r in report['records']] != [person for _, person, _ in rows]:
+        raise files.UserError(f"--finetuned {path}: its questions are not these")
+    return [answer['category'] == 'correct' for answer in report['records']]
+
+
+def print_bands(split):
+    finetuned = any('finetuned' in row for row in split.values())
+    header = f"  {'':<20} {'people':>6} {'document':>9} {'name':>6} {'question':>9} {'P(place)':>9}"
+    print("right, by the share of pretraining's epochs that showed the gold place:")
+    print(header + (f" {'finetuned':>9} {'AUROC':>6}" if finetuned else ''))
+    share = lambda v: f"{v:.1%}" if v is not None else '-'
+    for band, row in split.items():
+        line = f"  {band:<20} {row['people']:>6} " + ' '.join(
+            f"{share(row[n]):>{w}}" for n, w in zip(PROBES, (9, 6, 9))
+        )
+        median = row['median document probability']
+        line += f" {median:9.3f}" if median is not None else f" {'-':>9}"
+        if finetuned:
+            auroc = row['auroc']
+            line += f" {share(row['finetuned']):>9} " + (f"{auroc:6.2f}" if auroc else f"{'-':>6}")
+        print(line)
+
+
+def parse_args(argv):
+    argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    argp.add_argument('params', help="pretrained params (before finetuning)")
+    argp.add_argument('--eval_corpus_path', default='birth_dev.tsv')
+    argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
+    argp.add_argument('--exposure', help="exposure.py's --json of the pretraining")
+    argp.add_argument('--finetuned', help="analyze.py's --json report of the finetuned model")
+    argp.add_argument(
+        '--variant', choices=list(run.VARIANT_EDITION), help="default: the params file's"
+    )
+    argp.add_argument('--bottleneck_dim', type=run.positive(int), help="default: the params file's")
+    argp.add_argument('--json', help="write every person's record and the bands here")
+    argp.add_argument('--device', choices=devices.DEVICES, default='auto')
+    return argp.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        rows = analyze.read_questions(args.eval_corpus_path)
+        corpus = files.read_text(args.pretrain_corpus_path)
+        seen = {}
+        if args.exposure:
+            seen = {r['name']: r['fraction_seen'] for r in analyze.read_exposure(args.exposure)}
+        finetuned = finetuned_right(args.finetuned, rows) if args.finetuned else None
+        gpt, pretrain_dataset = analyze.load_model(args, corpus)
+    except files.UserError as e:
+        sys.exit(files.report(e))
+    records = probe(gpt, pretrain_dataset, rows, corpus)
+    for i, record in enumerate(records):
+        record['fraction seen'] = seen.get(record['person'])
+        if finetuned:
+            record['finetuned right'] = finetuned[i]
+    split = bands(records)
+    print(f"{args.params}: {len(records)} people of {args.eval_corpus_path}")
+    print_bands(split)
+    if args.json:
+        text = json.dumps({'params': args.params, 'bands': split, 'records': records}, indent=1)
+        files.atomic_write(args.json, lambda f: f.write(text.encode('utf-8')))
+
+
+if __name__ == '__main__':
+    main()

@@ -19,10 +19,17 @@ occurrence) and, epoch by epoch, whether pretraining showed it: in the text (the
 or the suffix, each character a target), inside the masked span (to be recalled), or not
 at all (it ends beyond the window): the counts, the last epoch it was in the window, and
 the fraction of epochs it was.
+
+--subsets DIR writes parts of the finetuning file (its lines in file order) for finetuning
+on known and unknown facts: seen.tsv without the people whose place pretraining never
+showed, often.tsv with only those it showed in 25% or more of its epochs, and for each a
+control of as many lines drawn at random from the whole file (seen.control.tsv,
+often.control.tsv), so that a difference is not the smaller file's.
 """
 
 import argparse
 import json
+import os
 import random
 import sys
 
@@ -100,6 +107,21 @@ def people_exposure(corpus_text, rows, window, start, length):
     return report
 
 
+def finetuning_subsets(lines, people, report, seed=0):
+    """{file name: lines}: the subsets of the finetuning file's lines (people: each line's
+    person) that --subsets writes; the controls are drawn with random.Random(seed)."""
+    fraction = {r['name']: r['fraction_seen'] for r in report}
+    wanted = {'seen': lambda f: f > 0, 'often': lambda f: f >= 0.25}  # analyze.exposure_bin's
+    rng = random.Random(seed)
+    subsets = {}
+    for name, keep in wanted.items():
+        chosen = [line for line, person in zip(lines, people) if keep(fraction[person])]
+        subsets[f"{name}.tsv"] = chosen
+        drawn = sorted(rng.sample(range(len(lines)), len(chosen)))
+        subsets[f"{name}.control.tsv"] = [lines[i] for i in drawn]
+    return subsets
+
+
 def parse_args(argv):
     argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
@@ -108,6 +130,8 @@ def parse_args(argv):
     argp.add_argument('--max_epochs', type=run.positive(int), default=650)
     argp.add_argument('--ledger', help="write the spans of every example here (.npz)")
     argp.add_argument('--json', help="write each person's exposure here")
+    argp.add_argument('--subsets', help="write parts of the finetuning file into this folder")
+    argp.add_argument('--finetune_corpus_path', default='birth_places_train.tsv')
     argp.add_argument(
         '--people',
         nargs='+',
@@ -120,14 +144,18 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        if not (args.ledger or args.json):
-            raise files.UserError("nothing to write: give --ledger, --json or both")
+        if not (args.ledger or args.json or args.subsets):
+            raise files.UserError("nothing to write: give --ledger, --json or --subsets")
         text = files.read_text(args.pretrain_corpus_path)
         rows = [
             (person, place)
             for path in args.people if args.json
             for _, person, place in analyze.read_questions(path)
         ]  # fmt: skip
+        if args.subsets:
+            finetuning = analyze.read_questions(args.finetune_corpus_path)
+            lines = files.read_lines(args.finetune_corpus_path)
+            os.makedirs(args.subsets, exist_ok=True)
     except files.UserError as e:
         sys.exit(files.report(e))
     window, start, length = replay(text, args.edition, args.seed, args.max_epochs)
@@ -142,6 +170,15 @@ def main(argv=None):
         files.atomic_write(args.json, lambda f: f.write(json.dumps(report, indent=1).encode()))
         never = sum(r['fraction_seen'] == 0 for r in report)
         print(f"{args.json}: {len(report)} people, {never} whose place pretraining never showed")
+    if args.subsets:
+        people = [(person, place) for _, person, place in finetuning]
+        report = people_exposure(text, people, window, start, length)
+        subsets = finetuning_subsets(lines, [p for p, _ in people], report)
+        for name, chosen in subsets.items():
+            path = os.path.join(args.subsets, name)
+            data = ''.join(line + '\n' for line in chosen).encode('utf-8')
+            files.atomic_write(path, lambda f, data=data: f.write(data))
+            print(f"{path}: {len(chosen)} of the {len(lines)} lines of {args.finetune_corpus_path}")
 
 
 if __name__ == '__main__':

@@ -87,9 +87,34 @@ def test_the_command_line_writes_the_ledger_and_the_people(tiny, monkeypatch, ca
     with pytest.raises(SystemExit) as stop:
         exposure.main(['--max_epochs', '2'])
     assert stop.value.code == 2
-    assert capsys.readouterr().err == "error: nothing to write: give --ledger, --json or both\n"
+    assert capsys.readouterr().err == (
+        "error: nothing to write: give --ledger, --json or --subsets\n"
+    )
     argv = ['--max_epochs', '2', '--ledger', 'l.npz', '--json', 'p.json', '--people', 'people.tsv']
     exposure.main(argv)
     ledger = np.load(tiny / 'l.npz')
     assert ledger['window'].shape == (2, len((tiny / 'wiki.txt').read_text().split('\n')))
     assert json.loads((tiny / 'p.json').read_text())[0]['name'] == 'Ada Lovelace'
+    capsys.readouterr()
+    exposure.main(['--max_epochs', '2', '--subsets', 'sub', '--finetune_corpus_path', 'train.tsv'])
+    out = capsys.readouterr().out
+    train = (tiny / 'train.tsv').read_text(encoding='utf-8').splitlines()
+    for name in ('seen', 'seen.control', 'often', 'often.control'):
+        lines = (tiny / 'sub' / f"{name}.tsv").read_text(encoding='utf-8').splitlines()
+        assert set(lines) <= set(train)
+        assert f"sub/{name}.tsv: {len(lines)} of the {len(train)} lines of train.tsv" in out
+
+
+def test_finetuning_subsets_by_hand():
+    lines = [f"Where was P{i} born?\tX" for i in range(6)]
+    people = [f"P{i}" for i in range(6)]
+    seen = [0.0, 0.1, 0.25, 0.0, 0.9, 0.3]
+    report = [{'name': p, 'fraction_seen': f} for p, f in zip(people, seen)]
+    subsets = exposure.finetuning_subsets(lines, people, report, seed=3)
+    assert subsets['seen.tsv'] == [lines[i] for i in (1, 2, 4, 5)]
+    assert subsets['often.tsv'] == [lines[i] for i in (2, 4, 5)]
+    for name in ('seen', 'often'):
+        control = subsets[f"{name}.control.tsv"]
+        assert len(control) == len(subsets[f"{name}.tsv"]) and len(set(control)) == len(control)
+        assert control == sorted(control, key=lines.index)  # in file order
+    assert subsets == exposure.finetuning_subsets(lines, people, report, seed=3)

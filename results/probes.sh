@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Stored, extractable and known (issue 39): the published pretrained models made again and
+# asked before finetuning (cloze.py), and vanilla and RoPE finetuned on known and unknown
+# facts (exposure.py --subsets, grid.py: full and LoRA rank 1, 5 seeds each, and
+# analyze.py's report of each run, invented people included).
+#
+#     setsid nohup nice -n 10 bash results/probes.sh >> longrun/probes.log 2>&1 < /dev/null &
+#
+# It needs checkpoints.sh's finished pretraining (its final params are the reference vanilla
+# run's), then about 20 hours of CPU: RoPE's, the synthesizer's and the perceiver's three
+# pretrainings (2-2.5 h each) and about 1 h of finetuning. Start it first thing in a session,
+# and again in the next one: it checks out CODE_COMMIT into longrun/probes-code (ignored)
+# with longrun/venv, writes into longrun/probes, skips every output that exists and
+# resumes an interrupted training. Training is bf16 autocast, the reference runs'
+# precision: on a CPU with avx512_bf16 each pretraining's losses must equal the published
+# ones at every logged step; the script says whether they do.
+set -uo pipefail
+
+CODE_COMMIT=e8d0737
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CODE=$ROOT/longrun/probes-code
+OUT=$ROOT/longrun/probes
+SEEDS=(0 1 2 3 4)
+SUBSETS=(seen seen.control often often.control)
+
+. "$ROOT/results/longrun.sh"
+mkdir -p "$OUT/cloze" "$OUT/analysis"
+grep -qE ' (avx512|amx)_bf16' /proc/cpuinfo || fail "this CPU has no bf16 instructions"
+vanilla=$ROOT/longrun/ckpt/vanilla.pretrain.params
+[ -f "$vanilla" ] || fail "$vanilla: run results/checkpoints.sh to its end first"
+[ -f "$OUT/vanilla.pretrain.params" ] || cp "$vanilla" "$OUT/" || fail "copy $vanilla"
+
+# exposure SEED: exposure.py's report of the pretraining with that seed (and, for seed 0,
+# the finetuning file's subsets)
+exposure() {
+    local report=$OUT/exposure.s$1.json subsets=()
+    [ "$1" = 0 ] && subsets=(--subsets "$OUT/subsets")
+    [ -f "$report" ] && return
+    say "exposure, seed $1"
+    python src/exposure.py --seed "$1" --json "$report" "${subsets[@]}" >/dev/null \
+        || fail "exposure seed $1"
+}
+
+# pretrain MODEL VARIANT [run.py flags]: the handout's pretraining command into OUT, and its
+# losses against the published run's where results/ has them
+pretrain() {
+    local model=$1 variant=$2 params=$OUT/$1.pretrain.params
+    shift 2
+    if [ ! -f "$params" ]; then
+        local resuming=()
+        [ -f "$params.resume" ] && resuming=(--resume)
+        say "pretrain $model"
+        python src/run.py pretrain "$variant" wiki.txt --writing_params_path "$params" \
+            --precision bf16 "$@" "${resuming[@]}" || fail "pretrain $model"
+    fi
+    local published=$ROOT/results/$model.pretrain.params.metrics.csv
+    [ -f "$published" ] || return 0
+    if awk -F, 'NR == FNR { loss[$2] = $3; next }
+                FNR > 1 && ($2 in loss) && loss[$2] != $3 { differ = 1 } END { exit differ }' \
+        "$params.metrics.csv" "$published"; then
+        say "$model: pretraining losses identical to results/${published##*/}"
+    else
+        say "$model: pretraining losses DIFFER from results/${published##*/}"
+    fi
+}
+
+# cloze MODEL SEED: cloze.py on the pretrained params, with the finetuned model's report
+cloze() {
+    local model=$1 report=$OUT/cloze/$1.json
+    [ -f "$report" ] && return
+    say "cloze $model"
+    python src/cloze.py "$OUT/$model.pretrain.params" --exposure "$OUT/exposure.s$2.json" \
+        --finetuned "$ROOT/results/analysis/$model.json" --json "$report" \
+        > "$OUT/cloze/$model.txt" || fail "cloze $model"
+}
+
+# known MODEL VARIANT: finetuning on each subset, full and LoRA rank 1, 5 seeds, each run's
+# analyze.py report (confidence on dev and on invented people) beside its predictions
+known() {
+    local model=$1 variant=$2 subset run
+    for subset in "${SUBSETS[@]}"; do
+        say "known/unknown: $model on $subset"
+        python src/grid.py --pretrained "$OUT/$model.pretrain.params" --methods full lora:1 \
+            --seeds "${SEEDS[@]}" --finetune_corpus_path "$OUT/subsets/$subset.tsv" \
+            --outdir "$OUT/grid-$subset" --precision bf16 >/dev/null || fail "grid $subset"
+        for run in "$OUT/grid-$subset/$model".*.params; do
+            run=${run%.params}
+            [ -f "$run.analysis.json" ] && continue
+            python src/analyze.py "$run.dev.predictions" --params "$run.params" \
+                --variant "$variant" --exposure "$OUT/exposure.s0.json" \
+                --json "$run.analysis.json" >/dev/null || fail "analyze $run"
+        done
+    done
+}
+
+PERCEIVER=(--bottleneck_dim 64 --pretrain_lr 6e-3)  # the 2023 handout's pretraining flags
+exposure 0
+cloze vanilla 0
+known vanilla vanilla
+pretrain rope rope
+cloze rope 0
+known rope rope
+pretrain synthesizer synthesizer
+cloze synthesizer 0
+pretrain perceiver perceiver "${PERCEIVER[@]}"
+cloze perceiver 0
+for seed in 1 2; do
+    exposure $seed
+    pretrain perceiver.s$seed perceiver "${PERCEIVER[@]}" --seed $seed
+    cloze perceiver.s$seed $seed
+done
+say "done: longrun/probes/cloze/*.json, grid-*/, and each run's .analysis.json"

@@ -1,0 +1,76 @@
+"""linear_probes.py: the hidden states at each question's MASK against the model's layers
+run by hand, one question at a time; the probe on data that a line separates and on data
+it cannot; the command end to end, and bad input as one line."""
+
+import json
+
+import pytest
+import torch
+
+import analyze
+import dataset
+import linear_probes
+import run
+from test_analyze import CORPUS
+
+
+@pytest.mark.parametrize('variant', ['vanilla', 'rope', 'perceiver'])
+def test_states_equal_the_layers_run_by_hand(variant):
+    ds = dataset.CharCorruptionDataset(CORPUS, run.BLOCK_SIZE)
+    torch.manual_seed(0)
+    gpt = run.new_model(variant, ds.vocab_size, 16).eval()
+    questions = ['Where was Ada Lovelace born?', 'Where was Max Born born?', 'Who?']
+    states = linear_probes.hidden_states(gpt, questions, ds, batch_size=2)
+    names = [name for name, _ in linear_probes.layers(gpt)]
+    assert list(states) == names and names[0] == 'embeddings' and names[-1] == 'final norm'
+    with torch.no_grad():
+        for i, question in enumerate(questions):
+            idx = torch.tensor([[ds.stoi[c] for c in question] + [ds.stoi[ds.MASK_CHAR]]])
+            x = gpt.tok_emb(idx) + (0 if variant == 'rope' else gpt.pos_emb[:, : idx.size(1)])
+            by_hand = {'embeddings': x}
+            if variant == 'perceiver':
+                x = gpt.up_block(gpt.blocks(gpt.down_block(x)), x)
+                by_hand['up block'] = x
+            else:
+                for k, block in enumerate(gpt.blocks):
+                    x = block(x)
+                    by_hand[f"block {k + 1}"] = x
+            by_hand['final norm'] = gpt.ln_f(x)
+            for name, value in by_hand.items():
+                torch.testing.assert_close(states[name][i], value[0, -1], rtol=1e-5, atol=1e-5)
+
+
+def test_the_probe_finds_a_line_and_nothing_where_there_is_none():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(400, 8, generator=generator)
+    labels = (x[:, 3] - 0.5 * x[:, 5] > 0).tolist()
+    train, test = slice(0, 200), slice(200, 400)
+    score = linear_probes.fit_probe(x[train], torch.tensor(labels[train]))
+    assert analyze.auroc(score(x[test]).tolist(), labels[test]) > 0.99
+    noise = torch.rand(400, generator=generator).lt(0.5).tolist()
+    score = linear_probes.fit_probe(x[train], torch.tensor(noise[train]))
+    assert 0.35 < analyze.auroc(score(x[test]).tolist(), noise[test]) < 0.65
+
+
+def test_the_command_writes_both_splits(params, capsys):
+    people = [r[1] for path in ('train.tsv', 'dev.tsv')
+              for r in analyze.read_questions(params / path)]  # fmt: skip
+    exposure = [{'name': p, 'fraction_seen': 0.5 * (i % 2)} for i, p in enumerate(people)]
+    (params / 'exposure.json').write_text(json.dumps(exposure))
+    args = [str(params / 'vanilla.params'), '--finetune_corpus_path', str(params / 'train.tsv'),
+            '--eval_corpus_path', str(params / 'dev.tsv'), '--pretrain_corpus_path',
+            str(params / 'wiki.txt'), '--device', 'cpu']  # fmt: skip
+    linear_probes.main([*args, '--exposure', str(params / 'exposure.json'),
+                        '--json', str(params / 'probes.json')])  # fmt: skip
+    report = json.loads((params / 'probes.json').read_text())
+    real, seen = report['splits']['real or invented'], report['splits']['seen or never']
+    assert real['train'][0] == 12 and real['train'][1] > 12  # 12 people, then invented ones
+    assert seen['test'] == [sum(i % 2 for i in range(12, len(people))), len(people) - 12]
+    layers = ['embeddings', 'block 1', 'block 2', 'block 3', 'block 4', 'final norm']
+    assert list(real['probe auroc']) == layers
+    assert 'probe after final norm' in capsys.readouterr().out
+    (params / 'short.json').write_text(json.dumps(exposure[:-1]))
+    with pytest.raises(SystemExit) as stop:
+        linear_probes.main([*args, '--exposure', str(params / 'short.json')])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and f"has no entry for {people[-1]}" in err

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Stored, extractable and known (issue 39): the published pretrained models made again and
-# asked before finetuning (cloze.py), and vanilla and RoPE finetuned on known and unknown
-# facts (exposure.py --subsets, grid.py: full and LoRA rank 1, 5 seeds each, and
-# analyze.py's report of each run, invented people included).
+# asked before finetuning (cloze.py); each finetuned as the handout does (full, seed 0: the
+# published finetuned model) and probed inside (linear_probes.py); and vanilla and RoPE
+# finetuned on known and unknown facts (exposure.py --subsets, grid.py: full and LoRA rank 1,
+# 5 seeds each, and analyze.py's report of each run, invented people included).
 #
 #     setsid nohup nice -n 10 bash results/probes.sh >> longrun/probes.log 2>&1 < /dev/null &
 #
@@ -16,7 +17,7 @@
 # ones at every logged step; the script says whether they do.
 set -uo pipefail
 
-CODE_COMMIT=e8d0737
+CODE_COMMIT=ebc136c
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CODE=$ROOT/longrun/probes-code
 OUT=$ROOT/longrun/probes
@@ -24,7 +25,7 @@ SEEDS=(0 1 2 3 4)
 SUBSETS=(seen seen.control often often.control)
 
 . "$ROOT/results/longrun.sh"
-mkdir -p "$OUT/cloze" "$OUT/analysis"
+mkdir -p "$OUT/cloze" "$OUT/linear"
 grep -qE ' (avx512|amx)_bf16' /proc/cpuinfo || fail "this CPU has no bf16 instructions"
 vanilla=$ROOT/longrun/ckpt/vanilla.pretrain.params
 [ -f "$vanilla" ] || fail "$vanilla: run results/checkpoints.sh to its end first"
@@ -74,6 +75,22 @@ cloze() {
         > "$OUT/cloze/$model.txt" || fail "cloze $model"
 }
 
+# linear MODEL SEED: the handout's finetune (full, seed 0) and linear_probes.py on it
+linear() {
+    local model=$1 report=$OUT/linear/$1.json
+    [ -f "$report" ] && return
+    say "linear probes $model"
+    python src/grid.py --pretrained "$OUT/$model.pretrain.params" --methods full --seeds 0 \
+        --outdir "$OUT/grid-all" --precision bf16 >/dev/null || fail "finetune $model"
+    if cmp -s "$OUT/grid-all/$model.full.s0.dev.predictions" \
+        "$ROOT/results/$model.pretrain.dev.predictions"; then
+        say "$model: dev predictions identical to results/$model.pretrain.dev.predictions"
+    fi
+    python src/linear_probes.py "$OUT/grid-all/$model.full.s0.params" \
+        --exposure "$OUT/exposure.s$2.json" --json "$report" > "$OUT/linear/$model.txt" \
+        || fail "linear probes $model"
+}
+
 # known MODEL VARIANT: finetuning on each subset, full and LoRA rank 1, 5 seeds, each run's
 # analyze.py report (confidence on dev and on invented people) beside its predictions
 known() {
@@ -96,17 +113,22 @@ known() {
 PERCEIVER=(--bottleneck_dim 64 --pretrain_lr 6e-3)  # the 2023 handout's pretraining flags
 exposure 0
 cloze vanilla 0
+linear vanilla 0
 known vanilla vanilla
 pretrain rope rope
 cloze rope 0
+linear rope 0
 known rope rope
 pretrain synthesizer synthesizer
 cloze synthesizer 0
+linear synthesizer 0
 pretrain perceiver perceiver "${PERCEIVER[@]}"
 cloze perceiver 0
+linear perceiver 0
 for seed in 1 2; do
     exposure $seed
     pretrain perceiver.s$seed perceiver "${PERCEIVER[@]}" --seed $seed
     cloze perceiver.s$seed $seed
+    linear perceiver.s$seed $seed
 done
-say "done: longrun/probes/cloze/*.json, grid-*/, and each run's .analysis.json"
+say "done: longrun/probes/cloze/, linear/, grid-*/ with each run's .analysis.json"

@@ -408,6 +408,15 @@ def read_exposure(path):
     return report
 
 
+def add_model_arguments(argp):
+    """The options load_model reads, beside the params file's path."""
+    argp.add_argument(
+        '--variant', choices=list(run.VARIANT_EDITION), help="default: the params file's"
+    )
+    argp.add_argument('--bottleneck_dim', type=run.positive(int), help="default: the params file's")
+    argp.add_argument('--device', choices=devices.DEVICES, default='auto')
+
+
 def load_model(args, corpus):
     """The model of args.params, in evaluation's fp32, and the vocabulary's dataset; its
     variant and bottleneck are the file's where --variant and --bottleneck_dim leave them out."""
@@ -588,10 +597,6 @@ def parse_args(argv):
     argp.add_argument(
         '--exposure', help="exposure.py's --json of the pretraining: adds the split by exposure"
     )
-    argp.add_argument(
-        '--variant', choices=list(run.VARIANT_EDITION), help="default: the params file's"
-    )
-    argp.add_argument('--bottleneck_dim', type=run.positive(int), help="default: the params file's")
     argp.add_argument('--invented', type=run.positive(int), default=300, help="invented people")
     argp.add_argument('--seed', type=int, default=0, help="of the invented names (default 0)")
     argp.add_argument('--name', help="the model's name in the report (default: the file's)")
@@ -600,7 +605,7 @@ def parse_args(argv):
     argp.add_argument(
         '--exposure_plot', help="draw the reports' accuracy against exposure (--exposure's)"
     )
-    argp.add_argument('--device', choices=devices.DEVICES, default='auto')
+    add_model_arguments(argp)
     args = argp.parse_args(argv)
     args.comparing = bool(args.coverage_plot or args.exposure_plot)
     if not args.comparing and len(args.inputs) != 1:

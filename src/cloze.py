@@ -32,9 +32,7 @@ import torch
 
 import analyze
 import decoding
-import devices
 import files
-import run
 
 PROBES = ['document', 'name', 'question']
 
@@ -147,12 +145,8 @@ def parse_args(argv):
     argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
     argp.add_argument('--exposure', help="exposure.py's --json of the pretraining")
     argp.add_argument('--finetuned', help="analyze.py's --json report of the finetuned model")
-    argp.add_argument(
-        '--variant', choices=list(run.VARIANT_EDITION), help="default: the params file's"
-    )
-    argp.add_argument('--bottleneck_dim', type=run.positive(int), help="default: the params file's")
     argp.add_argument('--json', help="write every person's record and the bands here")
-    argp.add_argument('--device', choices=devices.DEVICES, default='auto')
+    analyze.add_model_arguments(argp)
     return argp.parse_args(argv)
 
 

@@ -28,7 +28,6 @@ import torch
 
 import analyze
 import decoding
-import devices
 import files
 import run
 
@@ -108,13 +107,9 @@ def parse_args(argv):
     argp.add_argument('--finetune_corpus_path', default='birth_places_train.tsv')
     argp.add_argument('--eval_corpus_path', default='birth_dev.tsv')
     argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
-    argp.add_argument(
-        '--variant', choices=list(run.VARIANT_EDITION), help="default: the params file's"
-    )
-    argp.add_argument('--bottleneck_dim', type=run.positive(int), help="default: the params file's")
     argp.add_argument('--seed', type=int, default=0, help="of the invented names (default 0)")
     argp.add_argument('--json', help="write the AUROCs here")
-    argp.add_argument('--device', choices=devices.DEVICES, default='auto')
+    analyze.add_model_arguments(argp)
     return argp.parse_args(argv)
 
 

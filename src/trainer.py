@@ -299,6 +299,8 @@ class Trainer:
         loss scale, where the run is, and every random state: Python's and numpy's (the
         span corruption) and each process's torch state (its dropout masks). Tensors and
         plain values only. Under torchrun every process calls it, for its random state."""
+        # a batch built ahead is drawn again by the run that resumes this state
+        python_rng, numpy_rng = self.next_batch_rng or random_states()
         return {
             'model': params_files.cpu_state_dict(self.model),
             'optimizer': self.optimizer.state_dict(),
@@ -308,7 +310,8 @@ class Trainer:
             'tokens': self.tokens,
             'elapsed': self.elapsed,
             **self.settings(),
-            **dict(zip(('python_rng', 'numpy_rng'), self.next_batch_rng or random_states())),
+            'python_rng': python_rng,
+            'numpy_rng': numpy_rng,
             'process_rngs': distributed.gather(resume.torch_rng_state(self.device)),
         }
 

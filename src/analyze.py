@@ -209,13 +209,10 @@ def breakdown(records, key):
 
 
 def split_accuracy(records, key):
-    """{value of key: [correct, total]} over the records."""
-    split = {}
-    for r in records:
-        counts = split.setdefault(str(key(r)), [0, 0])
-        counts[0] += r['category'] == 'correct'
-        counts[1] += 1
-    return split
+    """{value of key: [correct, total]} over the records: the breakdown's accuracy alone."""
+    return {
+        value: [row['correct'], row['questions']] for value, row in breakdown(records, key).items()
+    }
 
 
 # --- Confidence ---------------------------------------------------------------------------
@@ -228,7 +225,6 @@ def confidences(gpt, questions, answers, pretrain_dataset, batch_size=256):
     and of the closing MASK. Characters outside the vocabulary are dropped, as evaluation
     drops them from questions."""
     gpt.eval()
-    device = next(gpt.parameters()).device
     stoi, mask = pretrain_dataset.stoi, pretrain_dataset.MASK_CHAR
     room = decoding.question_room(gpt.get_block_size(), run.ANSWER_LENGTH)
     rows = []
@@ -236,10 +232,16 @@ def confidences(gpt, questions, answers, pretrain_dataset, batch_size=256):
         prompt = decoding.encode_question(question, pretrain_dataset, room).ids.tolist()
         target = [stoi[c] for c in answer[: run.ANSWER_LENGTH] if c in stoi] + [stoi[mask]]
         rows.append((prompt, target))
+    return [math.exp(lp) for lp in log_probs(gpt, rows, batch_size)]
+
+
+def log_probs(gpt, rows, batch_size=256):
+    """log P(target | prompt) of each (prompt, target) pair of ids, batch_size at a time."""
+    device = next(gpt.parameters()).device
     result = []
     for start in range(0, len(rows), batch_size):
         result += batch_log_probs(gpt, rows[start : start + batch_size], device)
-    return [math.exp(lp) for lp in result]
+    return result
 
 
 def batch_log_probs(gpt, rows, device):
@@ -377,7 +379,7 @@ def analyze(args):
         report['median confidence'] = median(scores)
     report['by answer count'] = breakdown(records, lambda r: answer_count_bin(r['answer count']))
     if args.exposure:
-        seen = {r['name']: r['fraction_seen'] for r in read_exposure(args.exposure)}
+        seen = read_exposure(args.exposure)
         for record in records:
             record['fraction seen'] = seen.get(record['person'])
         report['by exposure'] = breakdown(records, lambda r: exposure_bin(r['fraction seen']))
@@ -399,13 +401,12 @@ def earlier_predictions(earlier, rows, args):
 
 
 def read_exposure(path):
-    """exposure.py's per-person report."""
+    """{person: the share of epochs that showed their place} of exposure.py's --json."""
     try:
         report = json.loads(files.read_text(path))
-        assert all('name' in r and 'fraction_seen' in r for r in report)
-    except (ValueError, TypeError, AssertionError):
+        return {r['name']: r['fraction_seen'] for r in report}
+    except (ValueError, TypeError, KeyError):
         raise files.UserError(f"--exposure {path}: not the --json of exposure.py")
-    return report
 
 
 def add_model_arguments(argp):

@@ -77,13 +77,9 @@ def probe(gpt, pretrain_dataset, rows, corpus):
             records[i][name] = {'continuation': text, 'right': ok}
     asked = [i for i, p in enumerate(prompts['document']) if p is not None]
     pairs = [(prompts['document'][i], encode(records[i]['place'], stoi, steps)) for i in asked]
-    device = next(gpt.parameters()).device
-    log_probs = []
-    for start in range(0, len(pairs), 256):
-        log_probs += analyze.batch_log_probs(gpt, pairs[start : start + 256], device)
     for record in records:
         record['document probability'] = None
-    for i, log_prob in zip(asked, log_probs):
+    for i, log_prob in zip(asked, analyze.log_probs(gpt, pairs)):
         records[i]['document probability'] = math.exp(log_prob)
     return records
 
@@ -155,9 +151,7 @@ def main(argv=None):
     try:
         rows = analyze.read_questions(args.eval_corpus_path)
         corpus = files.read_text(args.pretrain_corpus_path)
-        seen = {}
-        if args.exposure:
-            seen = {r['name']: r['fraction_seen'] for r in analyze.read_exposure(args.exposure)}
+        seen = analyze.read_exposure(args.exposure) if args.exposure else {}
         finetuned = finetuned_right(args.finetuned, rows) if args.finetuned else None
         gpt, pretrain_dataset = analyze.load_model(args, corpus)
     except files.UserError as e:

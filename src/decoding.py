@@ -39,18 +39,25 @@ def greedy_complete(model, prompts, steps, stop_id, batch_size=512):
     model.eval()
     device = next(model.parameters()).device
     completions = [None] * len(prompts)
+    for p in prompts:
+        assert len(p) + steps <= model.get_block_size(), 'prompt too long to complete'
+    for batch in same_length_batches(prompts, batch_size):
+        x = torch.stack([torch.as_tensor(prompts[i]) for i in batch]).to(device)  # (b, t)
+        generated = _greedy_batch(model, x, steps, stop_id)
+        for i, ids in zip(batch, generated):
+            completions[i] = ids
+    return completions
+
+
+def same_length_batches(prompts, batch_size):
+    """Lists of at most batch_size indices of prompts of one length: stacked, their
+    positions line up without padding."""
     by_length = {}
     for i, p in enumerate(prompts):
-        assert len(p) + steps <= model.get_block_size(), 'prompt too long to complete'
         by_length.setdefault(len(p), []).append(i)
     for indices in by_length.values():
         for start in range(0, len(indices), batch_size):
-            batch = indices[start : start + batch_size]
-            x = torch.stack([torch.as_tensor(prompts[i]) for i in batch]).to(device)  # (b, t)
-            generated = _greedy_batch(model, x, steps, stop_id)
-            for i, ids in zip(batch, generated):
-                completions[i] = ids
-    return completions
+            yield indices[start : start + batch_size]
 
 
 def _greedy_batch(model, x, steps, stop_id):

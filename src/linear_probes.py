@@ -56,16 +56,12 @@ def hidden_states(gpt, questions, pretrain_dataset, batch_size=256):
         handles.append(module.register_forward_hook(hook))
     states = {name: [None] * len(questions) for name, _ in layers(gpt)}
     try:
-        by_length = {}
-        for i, p in enumerate(prompts):
-            by_length.setdefault(len(p), []).append(i)
-        for indices in by_length.values():  # no padding: the MASK is every row's last position
-            for start in range(0, len(indices), batch_size):
-                batch = indices[start : start + batch_size]
-                gpt(torch.stack([prompts[i] for i in batch]).to(device))
-                for name, output in captured.items():
-                    for row, i in enumerate(batch):
-                        states[name][i] = output[row, -1].float().cpu()  # (n_embd,)
+        # no padding: the MASK is every row's last position
+        for batch in decoding.same_length_batches(prompts, batch_size):
+            gpt(torch.stack([prompts[i] for i in batch]).to(device))
+            for name, output in captured.items():
+                for row, i in enumerate(batch):
+                    states[name][i] = output[row, -1].float().cpu()  # (n_embd,)
     finally:
         for handle in handles:
             handle.remove()
@@ -118,7 +114,7 @@ def main(argv=None):
     try:
         train = analyze.read_questions(args.finetune_corpus_path)
         dev = analyze.read_questions(args.eval_corpus_path)
-        seen = {r['name']: r['fraction_seen'] > 0 for r in analyze.read_exposure(args.exposure)}
+        seen = analyze.read_exposure(args.exposure)
         missing = [p for _, p, _ in train + dev if p not in seen]
         if missing:
             raise files.UserError(f"--exposure {args.exposure}: has no entry for {missing[0]}")
@@ -141,7 +137,7 @@ def main(argv=None):
     people = {'train': train, 'dev': dev}
     real = {s: [True] * len(people[s]) + [False] * (len(questions[s]) - len(people[s]))
             for s in questions}  # fmt: skip
-    shown = {s: [seen[p] for _, p, _ in people[s]] for s in people}
+    shown = {s: [seen[p] > 0 for _, p, _ in people[s]] for s in people}
     report = {'params': args.params, 'splits': {}}
     for split_name, labels in [('real or invented', real), ('seen or never', shown)]:
         # the first len(labels) questions of each side: all, or the real people only

@@ -17,7 +17,7 @@
 # ones at every logged step; the script says whether they do.
 set -uo pipefail
 
-CODE_COMMIT=ebc136c
+CODE_COMMIT=8de1e5c
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CODE=$ROOT/longrun/probes-code
 OUT=$ROOT/longrun/probes

@@ -2,7 +2,7 @@
 finetuning, asked three ways (the cloze probe).
 
     python src/cloze.py vanilla.pretrain.params --exposure vanilla.exposure.json \\
-        --finetuned vanilla.analysis.json --json vanilla.cloze.json
+        --finetuned vanilla.pretrain.dev.predictions --json vanilla.cloze.json
 
 For each person of --eval_corpus_path, the greedy continuation of:
   document  their own wiki.txt document up to where the gold place begins (its first
@@ -16,9 +16,9 @@ the place. The document probe also scores the probability of the gold place afte
 document (teacher-forced): how strongly it is stored.
 
 Split by the share of pretraining's epochs that showed the place (exposure.py's --json,
-with --exposure). With --finetuned, an analyze.py --json report of the finetuned model's
-dev answers: how often that model is right in each band, and the AUROC with which the
-document probe's probability tells its right answers from its wrong ones.
+with --exposure). With --finetuned, the finetuned model's dev predictions (what run.py
+evaluate writes): how often that model is right in each band, and the AUROC with which
+the document probe's probability tells its right answers from its wrong ones.
 """
 
 import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
@@ -108,14 +108,6 @@ def bands(records):
     return split
 
 
-def finetuned_right(path, rows):
-    """Whether the finetuned model of analyze.py's report at path is right, per row."""
-    report = analyze.read_report(path)
-    if [r['person'] for r in report['records']] != [person for _, person, _ in rows]:
-        raise files.UserError(f"--finetuned {path}: its questions are not these")
-    return [answer['category'] == 'correct' for answer in report['records']]
-
-
 def print_bands(split):
     finetuned = any('finetuned' in row for row in split.values())
     header = f"  {'':<20} {'people':>6} {'document':>9} {'name':>6} {'question':>9} {'P(place)':>9}"
@@ -140,7 +132,7 @@ def parse_args(argv):
     argp.add_argument('--eval_corpus_path', default='birth_dev.tsv')
     argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
     argp.add_argument('--exposure', help="exposure.py's --json of the pretraining")
-    argp.add_argument('--finetuned', help="analyze.py's --json report of the finetuned model")
+    argp.add_argument('--finetuned', help="the finetuned model's dev predictions")
     argp.add_argument('--json', help="write every person's record and the bands here")
     analyze.add_model_arguments(argp)
     return argp.parse_args(argv)
@@ -152,7 +144,10 @@ def main(argv=None):
         rows = analyze.read_questions(args.eval_corpus_path)
         corpus = files.read_text(args.pretrain_corpus_path)
         seen = analyze.read_exposure(args.exposure) if args.exposure else {}
-        finetuned = finetuned_right(args.finetuned, rows) if args.finetuned else None
+        finetuned = None
+        if args.finetuned:
+            answers = analyze.read_predictions(args.finetuned, rows, args.eval_corpus_path)
+            finetuned = [answer == place for answer, (_, _, place) in zip(answers, rows)]
         gpt, pretrain_dataset = analyze.load_model(args, corpus)
     except files.UserError as e:
         sys.exit(files.report(e))

@@ -117,17 +117,26 @@ def test_the_command_writes_json_and_bad_input_is_one_line(params, capsys):
             '--pretrain_corpus_path', str(params / 'wiki.txt'), '--device', 'cpu']  # fmt: skip
     people = [r[1] for r in analyze.read_questions(params / 'dev.tsv')]
     write(params / 'exposure.json', json.dumps([{'name': p, 'fraction_seen': 0.5} for p in people]))
+    # the finetuned model is right on the first question only (and answers the second with
+    # a longer name that begins with the place)
+    places = [r[2] for r in analyze.read_questions(params / 'dev.tsv')]
+    answers = [places[0], places[1] + 'ville'] + ['Nowhere'] * (len(places) - 2)
+    write(params / 'dev.predictions', ''.join(a + '\n' for a in answers))
     cloze.main([*args, '--exposure', str(params / 'exposure.json'),
+                '--finetuned', str(params / 'dev.predictions'),
                 '--json', str(params / 'cloze.json')])  # fmt: skip
     out = capsys.readouterr().out
     assert re.search(rf"often \(25% or more\) +{len(people)} ", out), out
     report = json.loads((params / 'cloze.json').read_text())
     assert [r['person'] for r in report['records']] == people
+    assert [r['finetuned right'] for r in report['records']] == [True] + [False] * (len(people) - 1)
+    often = report['bands']['often (25% or more)']
+    assert often['finetuned'] == pytest.approx(1 / len(people))
     assert list(report['bands']) == ['often (25% or more)']
-    write(params / 'other.json', json.dumps({'name': 'm', 'records': []}))
+    write(params / 'short.predictions', 'London\n')
     write(params / 'train.json', tsv([('Ada Lovelace', 'London')]))
     for flag, path, error in [
-        ('--finetuned', 'other.json', 'not a report of analyze.py'),
+        ('--finetuned', 'short.predictions', f'1 predictions for the {len(people)} questions'),
         ('--exposure', 'train.json', 'not the --json of exposure.py'),
     ]:
         with pytest.raises(SystemExit) as stop:

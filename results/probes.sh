@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Stored, extractable and known (issue 39): the published pretrained models made again and
-# asked before finetuning (cloze.py); each finetuned as the handout does (full, seed 0: the
+# asked before finetuning (cloze.py), and so are checkpoints.sh's checkpoints
+# (over_pretraining.py); each finetuned as the handout does (full, seed 0: the
 # published finetuned model) and probed inside (linear_probes.py); and vanilla and RoPE
 # finetuned on known and unknown facts (exposure.py --subsets, grid.py: full and LoRA rank 1,
 # 5 seeds each, and analyze.py's report of each run, invented people included).
@@ -17,7 +18,7 @@
 # ones at every logged step; the script says whether they do.
 set -uo pipefail
 
-CODE_COMMIT=8de1e5c
+CODE_COMMIT=acad7b0
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CODE=$ROOT/longrun/probes-code
 OUT=$ROOT/longrun/probes
@@ -65,14 +66,34 @@ pretrain() {
     fi
 }
 
-# cloze MODEL SEED: cloze.py on the pretrained params, with the finetuned model's report
+# cloze MODEL SEED: cloze.py on the pretrained params, with the finetuned model's answers
 cloze() {
     local model=$1 report=$OUT/cloze/$1.json
     [ -f "$report" ] && return
     say "cloze $model"
     python src/cloze.py "$OUT/$model.pretrain.params" --exposure "$OUT/exposure.s$2.json" \
-        --finetuned "$ROOT/results/analysis/$model.json" --json "$report" \
+        --finetuned "$ROOT/results/$model.pretrain.dev.predictions" --json "$report" \
         > "$OUT/cloze/$model.txt" || fail "cloze $model"
+}
+
+# checkpoints: cloze.py on each of checkpoints.sh's params files, with its own finetuned
+# model's answers, and over_pretraining.py's table and picture of them
+checkpoints() {
+    local params epoch report
+    for params in "$ROOT"/longrun/ckpt/vanilla.pretrain.epoch*.params; do
+        epoch=${params##*.pretrain.}
+        epoch=${epoch%.params}
+        report=$OUT/cloze/vanilla.$epoch.json
+        [ -f "$report" ] && continue
+        say "cloze vanilla $epoch"
+        python src/cloze.py "$params" --exposure "$OUT/exposure.s0.json" \
+            --finetuned "$ROOT/longrun/ckpt/grid/vanilla.pretrain.$epoch.full.s0.dev.predictions" \
+            --json "$report" > "${report%.json}.txt" || fail "cloze vanilla $epoch"
+    done
+    python src/over_pretraining.py "$OUT"/cloze/vanilla.epoch*.json \
+        --metrics "$ROOT/longrun/ckpt/vanilla.pretrain.params.metrics.csv" \
+        --json "$OUT/over_pretraining.json" --plot "$OUT/over_pretraining.png" \
+        > "$OUT/over_pretraining.txt" || fail "over_pretraining"
 }
 
 # linear MODEL SEED: the handout's finetune (full, seed 0) and linear_probes.py on it
@@ -113,6 +134,7 @@ known() {
 PERCEIVER=(--bottleneck_dim 64 --pretrain_lr 6e-3)  # the 2023 handout's pretraining flags
 exposure 0
 cloze vanilla 0
+checkpoints
 linear vanilla 0
 known vanilla vanilla
 pretrain rope rope
@@ -131,4 +153,4 @@ for seed in 1 2; do
     cloze perceiver.s$seed $seed
     linear perceiver.s$seed $seed
 done
-say "done: longrun/probes/cloze/, linear/, grid-*/ with each run's .analysis.json"
+say "done: longrun/probes/cloze/, over_pretraining.*, linear/, grid-*/ with each run's .analysis.json"

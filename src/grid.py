@@ -84,6 +84,11 @@ def pretrained_model(path):
     return name, variant, flags
 
 
+def output_prefix(outdir, model, method, seed):
+    """Where a run's files go: PREFIX.params, PREFIX.dev.predictions, PREFIX.test.predictions."""
+    return os.path.join(outdir, f"{model}.{method.replace(':', '')}.s{seed}")
+
+
 def planned_runs(args):
     """[(key, output prefix, settings to record, run.py argvs: finetune, evaluate dev and
     test)], one per model x method x seed."""
@@ -93,7 +98,7 @@ def planned_runs(args):
         digest = records.md5(path)
         for method, method_flags in args.methods:
             for seed in args.seeds:
-                out = os.path.join(args.outdir, f"{name}.{method.replace(':', '')}.s{seed}")
+                out = output_prefix(args.outdir, name, method, seed)
                 common = [variant, args.pretrain_corpus_path, '--seed', str(seed), *shape,
                           '--device', args.device]  # fmt: skip
                 finetune = ['finetune', *common, '--reading_params_path', path,

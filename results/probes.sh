@@ -4,13 +4,14 @@
 # (over_pretraining.py); each finetuned as the handout does (full, seed 0: the
 # published finetuned model) and probed inside (linear_probes.py); and vanilla and RoPE
 # finetuned on known and unknown facts (exposure.py --subsets, grid.py: full and LoRA rank 1,
-# 5 seeds each, and analyze.py's report of each run, invented people included).
+# 5 seeds each, analyze.py's report of each run, invented people included, and
+# known_unknown.py's table).
 #
 #     setsid nohup nice -n 10 bash results/probes.sh >> longrun/probes.log 2>&1 < /dev/null &
 #
 # It needs checkpoints.sh's finished pretraining (its final params are the reference vanilla
 # run's), then about 20 hours of CPU: RoPE's, the synthesizer's and the perceiver's three
-# pretrainings (2-2.5 h each) and about 1 h of finetuning. Start it first thing in a session,
+# pretrainings (2-2.5 h each) and about 4 h of finetuning and analysis. Start it first thing in a session,
 # and again in the next one: it checks out CODE_COMMIT into longrun/probes-code (ignored)
 # with longrun/venv, writes into longrun/probes, skips every output that exists and
 # resumes an interrupted training. Training is bf16 autocast, the reference runs'
@@ -18,12 +19,12 @@
 # ones at every logged step; the script says whether they do.
 set -uo pipefail
 
-CODE_COMMIT=acad7b0
+CODE_COMMIT=8f34f8e
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CODE=$ROOT/longrun/probes-code
 OUT=$ROOT/longrun/probes
 SEEDS=(0 1 2 3 4)
-SUBSETS=(seen seen.control often often.control)
+SUBSETS=(all seen seen.control often often.control)  # all: the finetuning file as it is
 
 . "$ROOT/results/longrun.sh"
 mkdir -p "$OUT/cloze" "$OUT/linear"
@@ -112,14 +113,18 @@ linear() {
         || fail "linear probes $model"
 }
 
-# known MODEL VARIANT: finetuning on each subset, full and LoRA rank 1, 5 seeds, each run's
-# analyze.py report (confidence on dev and on invented people) beside its predictions
+# known MODEL VARIANT: finetuning on the whole finetuning file and on each subset, full and
+# LoRA rank 1, 5 seeds, each run's analyze.py report (confidence on dev and on invented
+# people) beside its predictions, and known_unknown.py's table of them
 known() {
-    local model=$1 variant=$2 subset run
+    local model=$1 variant=$2 subset corpus run grids=()
     for subset in "${SUBSETS[@]}"; do
+        corpus=$OUT/subsets/$subset.tsv
+        [ "$subset" = all ] && corpus=birth_places_train.tsv
+        grids+=("$OUT/grid-$subset")
         say "known/unknown: $model on $subset"
         python src/grid.py --pretrained "$OUT/$model.pretrain.params" --methods full lora:1 \
-            --seeds "${SEEDS[@]}" --finetune_corpus_path "$OUT/subsets/$subset.tsv" \
+            --seeds "${SEEDS[@]}" --finetune_corpus_path "$corpus" \
             --outdir "$OUT/grid-$subset" --precision bf16 >/dev/null || fail "grid $subset"
         for run in "$OUT/grid-$subset/$model".*.params; do
             run=${run%.params}
@@ -129,6 +134,8 @@ known() {
                 --json "$run.analysis.json" >/dev/null || fail "analyze $run"
         done
     done
+    python src/known_unknown.py "${grids[@]}" --json "$OUT/known_unknown.json" \
+        > "$OUT/known_unknown.md" || fail "known_unknown"
 }
 
 PERCEIVER=(--bottleneck_dim 64 --pretrain_lr 6e-3)  # the 2023 handout's pretraining flags
@@ -153,4 +160,4 @@ for seed in 1 2; do
     cloze perceiver.s$seed $seed
     linear perceiver.s$seed $seed
 done
-say "done: longrun/probes/cloze/, over_pretraining.*, linear/, grid-*/ with each run's .analysis.json"
+say "done: longrun/probes/cloze/, over_pretraining.*, linear/, known_unknown.*, grid-*/"

@@ -56,7 +56,8 @@ COVERAGES = [0.25, 0.5, 0.75, 1.0]
 NAME_BINS = [(0, 0), (1, 1), (2, 3), (4, 7), (8, None)]  # occurrences of a name in wiki.txt
 # how often the gold place is the answer in the finetuning file
 ANSWER_BINS = [('0', 0), ('1-4', 4), ('5-19', 19), ('20+', None)]
-EXPOSURE_BINS = ['never', 'rarely (under 25%)', 'often (25% or more)', 'unknown']
+NEVER, RARELY, OFTEN = 'never', 'rarely (under 25%)', 'often (25% or more)'
+EXPOSURE_BINS = [NEVER, RARELY, OFTEN, 'unknown']
 WINDOW = int(run.BLOCK_SIZE * 7 / 8)  # the longest window span corruption draws
 
 
@@ -182,8 +183,8 @@ def exposure_bin(fraction):
     if fraction is None:
         return 'unknown'
     if fraction == 0:
-        return 'never'
-    return 'rarely (under 25%)' if fraction < 0.25 else 'often (25% or more)'
+        return NEVER
+    return RARELY if fraction < 0.25 else OFTEN
 
 
 def answer_count_bin(count):

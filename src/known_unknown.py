@@ -39,11 +39,10 @@ def corpus_of(made_with):
 
 
 def examples(path):
-    """The lines of a finetuning file, or None where it is no longer there."""
+    """The questions of a finetuning file, or None where it is no longer readable."""
     try:
-        with open(files.find_data_file(path), encoding='utf-8') as f:
-            return sum(1 for line in f if line.strip())
-    except OSError:
+        return len(analyze.read_questions(path))
+    except files.UserError:
         return None
 
 
@@ -56,8 +55,8 @@ def run_figures(report):
     """What a row averages over the runs, from one run's analyze.py report."""
     invented = [confidence for _, _, confidence in report['invented people']['answers']]
     return {
-        'often': band_accuracy(report, 'often (25% or more)'),
-        'never': band_accuracy(report, 'never'),
+        'often': band_accuracy(report, analyze.OFTEN),
+        'never': band_accuracy(report, analyze.NEVER),
         'dev confidence': report['median confidence'],
         'invented confidence': report['invented people']['median confidence'],
         'invented above 0.5': 100 * sum(c > 0.5 for c in invented) / len(invented),

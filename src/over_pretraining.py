@@ -29,8 +29,6 @@ import analyze
 import files
 import plot
 
-OFTEN = 'often (25% or more)'
-
 
 def read_checkpoint(path):
     """(epoch, cloze report) of one of cloze.py's --json reports."""
@@ -60,7 +58,7 @@ def share(records, right):
 
 
 def checkpoint_row(epoch, records, metrics):
-    often = [r for r in records if analyze.exposure_bin(r['fraction seen']) == OFTEN]
+    often = [r for r in records if analyze.exposure_bin(r['fraction seen']) == analyze.OFTEN]
     stored = lambda r: r['document']['right'] if 'document' in r else None
     row = {'epoch': epoch, 'people': len(records), 'often people': len(often)}
     if metrics:

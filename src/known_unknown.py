@@ -13,13 +13,19 @@ accuracy, or raise the confidence given to people who do not exist?
 Each directory is a grid.py --outdir; each run's analyze.py report lies beside its params
 (PREFIX.analysis.json for PREFIX.params). A row per directory, model and method: the
 finetuning file and its examples, the runs, dev accuracy (mean ± standard deviation over
-the seeds), then, as means over the runs with a report: the accuracy on dev facts that
-pretraining showed often and on those it never showed, the median confidence on dev, and
-on the invented people the median confidence and the share answered above 0.5.
+the seeds), then, over the runs with a report: the accuracy on dev facts that pretraining
+showed often and on those it never showed, the median confidence on dev, and on the
+invented people the median confidence and the share answered above 0.5.
+
+Then the differences that answer the question, each a difference of means ± its standard
+error (sqrt(sd1^2/n1 + sd2^2/n2)): each subset NAME.tsv against its control
+NAME.control.tsv (a random subset of the same size), and each method against full
+finetuning on the same file.
 """
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -30,6 +36,10 @@ import grid
 
 HEADER = ('| model | method | finetuning file | examples | runs | dev accuracy | often shown '
           '| never shown | median confidence: dev | invented | invented above 0.5 |')  # fmt: skip
+DIFFERENCES = ('| model | method | finetuning file | against | dev accuracy '
+               '| median confidence: dev | invented | invented above 0.5 |')  # fmt: skip
+FIGURES = ('often', 'never', 'dev confidence', 'invented confidence', 'invented above 0.5')
+COMPARED = ('dev accuracy', 'dev confidence', 'invented confidence', 'invented above 0.5')
 
 
 def corpus_of(made_with):
@@ -52,7 +62,7 @@ def band_accuracy(report, band):
 
 
 def run_figures(report):
-    """What a row averages over the runs, from one run's analyze.py report."""
+    """One run's figures, from its analyze.py report."""
     invented = [confidence for _, _, confidence in report['invented people']['answers']]
     return {
         'often': band_accuracy(report, analyze.OFTEN),
@@ -63,9 +73,17 @@ def run_figures(report):
     }
 
 
-def mean_of(figures, key):
-    values = [f[key] for f in figures if f[key] is not None]
+def mean(values):
     return statistics.mean(values) if values else None
+
+
+def difference(values, against):
+    """(mean of values - mean of against, its standard error), or None without two of each."""
+    if len(values) < 2 or len(against) < 2:
+        return None
+    se = math.sqrt(statistics.variance(values) / len(values)
+                   + statistics.variance(against) / len(against))  # fmt: skip
+    return statistics.mean(values) - statistics.mean(against), se
 
 
 def rows(directory):
@@ -90,24 +108,75 @@ def rows(directory):
             'finetuning file': os.path.basename(corpus), 'examples': examples(corpus),
             'runs': len(entries), 'analyzed': len(figures),
             'dev accuracy': [grid.accuracy(e) for e in entries],
-            **{key: mean_of(figures, key) for key in (figures[0] if figures else {})},
+            **{key: [f[key] for f in figures if f[key] is not None] for key in FIGURES},
         })  # fmt: skip
     return out
 
 
+def differences(table):
+    """Each subset's rows against its control's, and each method's against full's."""
+    row_of = {(r['model'], r['method'], r['finetuning file']): r for r in table}
+    pairs = []
+    for row in table:
+        stem, ext = os.path.splitext(row['finetuning file'])
+        control = row_of.get((row['model'], row['method'], stem + '.control' + ext))
+        if control:
+            pairs.append((row, control, control['finetuning file']))
+    for row in table:
+        full = row_of.get((row['model'], 'full', row['finetuning file']))
+        if full and row is not full:
+            pairs.append((row, full, 'full'))
+    return [
+        {'model': row['model'], 'method': row['method'],
+         'finetuning file': row['finetuning file'], 'against': against,
+         **{key: difference(row[key], other[key]) for key in COMPARED}}
+        for row, other, against in pairs
+    ]  # fmt: skip
+
+
+def cell(value, fmt):
+    return '-' if value is None else fmt.format(value)
+
+
+def mean_sd(values, fmt):
+    if len(values) < 2:
+        return cell(mean(values), fmt)
+    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
+
+
 def markdown_row(row):
-    cell = lambda value, fmt: '-' if value is None else fmt.format(value)
     runs = f"{row['runs']}" + (
         f" ({row['analyzed']} analyzed)" if row['analyzed'] < row['runs'] else ''
     )
     return (
         f"| {row['model']} | {row['method']} | {row['finetuning file']} | "
         f"{cell(row['examples'], '{:,}')} | {runs} | {grid.mean_sd(row['dev accuracy'])} | "
-        f"{cell(row.get('often'), '{:.1f}')} | {cell(row.get('never'), '{:.1f}')} | "
-        f"{cell(row.get('dev confidence'), '{:.3f}')} | "
-        f"{cell(row.get('invented confidence'), '{:.3f}')} | "
-        f"{cell(row.get('invented above 0.5'), '{:.1f}%')} |"
+        f"{cell(mean(row['often']), '{:.1f}')} | {cell(mean(row['never']), '{:.1f}')} | "
+        f"{mean_sd(row['dev confidence'], '{:.3f}')} | "
+        f"{mean_sd(row['invented confidence'], '{:.3f}')} | "
+        f"{mean_sd(row['invented above 0.5'], '{:.1f}')} |"
     )
+
+
+def markdown_difference(row):
+    def signed(key, fmt):
+        if row[key] is None:
+            return '-'
+        value, se = row[key]
+        return f"{fmt.format(value)} ± {fmt.format(se).lstrip('+')}"
+
+    return (
+        f"| {row['model']} | {row['method']} | {row['finetuning file']} | {row['against']} | "
+        f"{signed('dev accuracy', '{:+.1f}')} | {signed('dev confidence', '{:+.3f}')} | "
+        f"{signed('invented confidence', '{:+.3f}')} | {signed('invented above 0.5', '{:+.1f}')} |"
+    )
+
+
+def print_table(header, lines):
+    print(header)
+    print('|---' * header.count(' | ') + '|---|')
+    for line in lines:
+        print(line)
 
 
 def main(argv=None):
@@ -120,17 +189,20 @@ def main(argv=None):
     except files.UserError as e:
         sys.exit(files.report(e))
     table.sort(key=lambda row: (row['model'], row['method']))  # stable: the directories' order
-    print("Dev accuracy in % (mean ± sd over the seeds); the other figures are means over the")
-    print("runs with an analyze.py report: accuracy in % on the dev facts pretraining showed")
-    print("often and never, the median confidence on dev and on invented people, and the")
-    print("share of invented people answered with a confidence above 0.5.")
+    compared = differences(table)
+    print("Dev accuracy in % (mean ± sd over the seeds); the other figures come from the runs")
+    print("with an analyze.py report: accuracy in % on the dev facts pretraining showed often")
+    print("and never (means), the median confidence on dev and on invented people, and the")
+    print("share in % of invented people answered with a confidence above 0.5 (mean ± sd).")
     print()
-    print(HEADER)
-    print('|---' * HEADER.count(' | ') + '|---|')
-    for row in table:
-        print(markdown_row(row))
+    print_table(HEADER, [markdown_row(row) for row in table])
+    print()
+    print("Differences of the means ± their standard error: each subset against its control")
+    print("(a random subset of the same size), each method against full finetuning.")
+    print()
+    print_table(DIFFERENCES, [markdown_difference(row) for row in compared])
     if args.json:
-        text = json.dumps(table, indent=1)
+        text = json.dumps({'rows': table, 'differences': compared}, indent=1)
         files.atomic_write(args.json, lambda f: f.write(text.encode('utf-8')))
 
 

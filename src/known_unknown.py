@@ -19,7 +19,8 @@ invented people the median confidence and the share answered above 0.5.
 
 Then the differences that answer the question, each a difference of means ± its standard
 error (sqrt(sd1^2/n1 + sd2^2/n2)): each subset NAME.tsv against its control
-NAME.control.tsv (a random subset of the same size), and each method against full
+NAME.control.tsv (a random subset of the same size), every file against the first
+directory's (give the whole finetuning file first), and each method against full
 finetuning on the same file.
 """
 
@@ -113,15 +114,28 @@ def rows(directory):
     return out
 
 
-def differences(table):
-    """Each subset's rows against its control's, and each method's against full's."""
-    row_of = {(r['model'], r['method'], r['finetuning file']): r for r in table}
+def differences(table, whole):
+    """Each subset's rows against its control's and against those of the file named whole,
+    and each method's against full's."""
+    row_of = {}
+    for r in table:
+        key = (r['model'], r['method'], r['finetuning file'])
+        if key in row_of:
+            raise files.UserError(
+                f"{r['directory']} and {row_of[key]['directory']}: both finetune {key[0]} "
+                f"({key[1]}) on a file named {key[2]}"
+            )
+        row_of[key] = r
     pairs = []
     for row in table:
         stem, ext = os.path.splitext(row['finetuning file'])
         control = row_of.get((row['model'], row['method'], stem + '.control' + ext))
         if control:
             pairs.append((row, control, control['finetuning file']))
+    for row in table:
+        first = row_of.get((row['model'], row['method'], whole))
+        if first and row is not first:
+            pairs.append((row, first, whole))
     for row in table:
         full = row_of.get((row['model'], 'full', row['finetuning file']))
         if full and row is not full:
@@ -138,7 +152,7 @@ def cell(value, fmt):
     return '-' if value is None else fmt.format(value)
 
 
-def mean_sd(values, fmt):
+def spread(values, fmt):
     if len(values) < 2:
         return cell(mean(values), fmt)
     return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
@@ -152,9 +166,9 @@ def markdown_row(row):
         f"| {row['model']} | {row['method']} | {row['finetuning file']} | "
         f"{cell(row['examples'], '{:,}')} | {runs} | {grid.mean_sd(row['dev accuracy'])} | "
         f"{cell(mean(row['often']), '{:.1f}')} | {cell(mean(row['never']), '{:.1f}')} | "
-        f"{mean_sd(row['dev confidence'], '{:.3f}')} | "
-        f"{mean_sd(row['invented confidence'], '{:.3f}')} | "
-        f"{mean_sd(row['invented above 0.5'], '{:.1f}')} |"
+        f"{spread(row['dev confidence'], '{:.3f}')} | "
+        f"{spread(row['invented confidence'], '{:.3f}')} | "
+        f"{spread(row['invented above 0.5'], '{:.1f}')} |"
     )
 
 
@@ -186,10 +200,11 @@ def main(argv=None):
     args = argp.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         table = [row for directory in args.grids for row in rows(directory)]
+        table.sort(key=lambda row: (row['model'], row['method']))  # stable: directories' order
+        whole = next((r['finetuning file'] for r in table if r['directory'] == args.grids[0]), None)
+        compared = differences(table, whole)
     except files.UserError as e:
         sys.exit(files.report(e))
-    table.sort(key=lambda row: (row['model'], row['method']))  # stable: the directories' order
-    compared = differences(table)
     print("Dev accuracy in % (mean ± sd over the seeds); the other figures come from the runs")
     print("with an analyze.py report: accuracy in % on the dev facts pretraining showed often")
     print("and never (means), the median confidence on dev and on invented people, and the")
@@ -198,7 +213,8 @@ def main(argv=None):
     print_table(HEADER, [markdown_row(row) for row in table])
     print()
     print("Differences of the means ± their standard error: each subset against its control")
-    print("(a random subset of the same size), each method against full finetuning.")
+    print("(a random subset of the same size), every file against the first directory's,")
+    print("each method against full finetuning.")
     print()
     print_table(DIFFERENCES, [markdown_difference(row) for row in compared])
     if args.json:

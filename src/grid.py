@@ -191,10 +191,10 @@ def accuracy(entry):
     return 100 * entry['dev_correct'] / entry['dev_total']
 
 
-def mean_sd(values):
+def mean_sd(values, fmt='{:.1f}'):
     if len(values) < 2:
-        return f"{values[0]:.1f}" if values else "-"
-    return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
+        return fmt.format(values[0]) if values else "-"
+    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
 
 
 def figure(value):

@@ -152,12 +152,6 @@ def cell(value, fmt):
     return '-' if value is None else fmt.format(value)
 
 
-def spread(values, fmt):
-    if len(values) < 2:
-        return cell(mean(values), fmt)
-    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
-
-
 def markdown_row(row):
     runs = f"{row['runs']}" + (
         f" ({row['analyzed']} analyzed)" if row['analyzed'] < row['runs'] else ''
@@ -166,9 +160,9 @@ def markdown_row(row):
         f"| {row['model']} | {row['method']} | {row['finetuning file']} | "
         f"{cell(row['examples'], '{:,}')} | {runs} | {grid.mean_sd(row['dev accuracy'])} | "
         f"{cell(mean(row['often']), '{:.1f}')} | {cell(mean(row['never']), '{:.1f}')} | "
-        f"{spread(row['dev confidence'], '{:.3f}')} | "
-        f"{spread(row['invented confidence'], '{:.3f}')} | "
-        f"{spread(row['invented above 0.5'], '{:.1f}')} |"
+        f"{grid.mean_sd(row['dev confidence'], '{:.3f}')} | "
+        f"{grid.mean_sd(row['invented confidence'], '{:.3f}')} | "
+        f"{grid.mean_sd(row['invented above 0.5'], '{:.1f}')} |"
     )
 
 

@@ -15,10 +15,11 @@ rebuilds any training example from them.
 
 For each person of the question files (--people; default the finetuning and dev files),
 --json says where the gold place sits in their document (its first whole-word
-occurrence) and, epoch by epoch, whether pretraining showed it: in the text (the prefix
-or the suffix, each character a target), inside the masked span (to be recalled), or not
-at all (it ends beyond the window): the counts, the last epoch it was in the window, and
-the fraction of epochs it was.
+occurrence) and, epoch by epoch, whether pretraining showed it: in the text before the
+masked span or after it (each character a target), inside the masked span (to be
+recalled), or not at all (it ends beyond the window). `epochs` has a letter an epoch (b
+before, a after, m masked, - not shown); then the counts, the last epoch it was in the
+window, and the fraction of epochs it was.
 
 --subsets DIR writes parts of the finetuning file (its lines in file order) for finetuning
 on known and unknown facts: seen.tsv without the people whose place pretraining never
@@ -87,8 +88,8 @@ def people_exposure(corpus_text, rows, window, start, length):
         entry = dict(name=name, place=place, document=index.get(document) if document else None)
         if where is None:
             report.append(dict(
-                entry, place_start=None, place_end=None, shown=0, masked=0,
-                not_shown=len(window), last_epoch_seen=None, fraction_seen=0.0,
+                entry, place_start=None, place_end=None, epochs='-' * len(window), shown=0,
+                masked=0, not_shown=len(window), last_epoch_seen=None, fraction_seen=0.0,
             ))  # fmt: skip
             continue
         d, (begin, end) = entry['document'], where
@@ -96,9 +97,11 @@ def people_exposure(corpus_text, rows, window, start, length):
         mask_from, mask_to = start[:, d], start[:, d] + length[:, d]  # (epochs,)
         seen = shown_to >= end
         in_mask = seen & (mask_from < end) & (mask_to > begin)
+        before = seen & (end <= mask_from)
+        letters = np.where(~seen, '-', np.where(in_mask, 'm', np.where(before, 'b', 'a')))
         epochs_seen = np.flatnonzero(seen)
         report.append(dict(
-            entry, place_start=begin, place_end=end,
+            entry, place_start=begin, place_end=end, epochs=''.join(letters),
             shown=int((seen & ~in_mask).sum()), masked=int(in_mask.sum()),
             not_shown=int((~seen).sum()),
             last_epoch_seen=int(epochs_seen[-1]) + 1 if len(epochs_seen) else None,

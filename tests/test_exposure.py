@@ -60,7 +60,8 @@ def test_the_ledger_rebuilds_every_example_a_run_trained_on(tiny, monkeypatch, e
 def test_each_person_is_shown_masked_or_not_as_the_ledger_says(tiny, monkeypatch):
     """A person's place is in the text when the window holds it outside the masked span,
     in the masked span when the two overlap, and not shown when the window ends before
-    the place does; the counts add up to the epochs."""
+    the place does; the counts add up to the epochs. The letter of each epoch is read off
+    the training example itself, its place's characters marked."""
     text = (tiny / 'wiki.txt').read_text(encoding='utf-8')
     window, start, length = exposure.replay(text, '2021', seed=0, epochs=30)
     rows = [(line.split(' was born in ')[0], line.split(' was born in ')[1].split('.')[0])
@@ -76,8 +77,22 @@ def test_each_person_is_shown_masked_or_not_as_the_ledger_says(tiny, monkeypatch
         assert (entry['shown'], entry['masked']) == (len(seen) - len(masked), len(masked))
         assert entry['shown'] + entry['masked'] + entry['not_shown'] == 30
         assert entry['last_epoch_seen'] == (seen[-1] + 1 if seen else None)
+        marked = text.split('\n')[d][:begin] + '\x01' * (end - begin) + text.split('\n')[d][end:]
+        letters = ''
+        for e in range(30):
+            built = exposure.example(marked, window[e, d], start[e, d], length[e, d], 128)
+            before, after, masked = built.split(dataset.MASK_CHAR)
+            counts = [part.count('\x01') for part in (before, after, masked)]
+            if sum(counts) < end - begin:
+                letters += '-'
+            else:
+                letters += 'm' if counts[2] else 'b' if counts[0] else 'a'
+        assert entry['epochs'] == letters
+    letters = ''.join(e['epochs'] for e in report[:-1])
+    assert all(letters.count(c) for c in 'bam-'), letters  # every case is tried
     assert sum(e['masked'] for e in report) > 0 and sum(e['not_shown'] for e in report) > 0
     assert report[-1]['document'] is None and report[-1]['fraction_seen'] == 0.0
+    assert report[-1]['epochs'] == '-' * 30
     json.dumps(report)  # plain values only
 
 

@@ -8,7 +8,7 @@
     python src/analyze.py --coverage_plot coverage.png --exposure_plot exposure.png \
         vanilla.analysis.json rope.analysis.json
         # the reports side by side: a table, and the pictures of accuracy against coverage
-        # and against exposure
+        # and against exposure (with a table of the exposure picture's figures)
 
 Every dev person has a wiki.txt document that begins with their name. Each prediction is
 sorted into one of four categories: correct; wrong but found in the person's own document
@@ -548,21 +548,38 @@ def in_band(fraction, low, high):
     return fraction == 0 if high == 0 else low < fraction <= high
 
 
+PLOT_LABELS = ['never', 'up to 20%'] + [f"{low:.0%}-{high:.0%}" for low, high in PLOT_EXPOSURE[2:]]
+
+
+def exposure_bands(report):
+    """[(correct, questions)] of the report's records in each band of PLOT_EXPOSURE (the
+    report made with --exposure)."""
+    if any(r.get('fraction seen') is None for r in report['records']):
+        raise files.UserError(f"--exposure_plot: {report['name']} was made without --exposure")
+    bands = []
+    for low, high in PLOT_EXPOSURE:
+        group = [r for r in report['records'] if in_band(r['fraction seen'], low, high)]
+        bands.append((sum(r['category'] == 'correct' for r in group), len(group)))
+    return bands
+
+
+def exposure_table(reports):
+    """A markdown table of the reports' accuracy in each band: what exposure_plot draws."""
+    lines = ['| model | ' + ' | '.join(PLOT_LABELS) + ' |', '|---' * (1 + len(PLOT_LABELS)) + '|']
+    for report in reports:
+        cells = [f"{correct / n:.1%} of {n}" if n else '-' for correct, n in exposure_bands(report)]
+        lines.append(f"| {report['name']} | " + ' | '.join(cells) + ' |')
+    return '\n'.join(lines)
+
+
 def exposure_plot(reports, out):
     """Accuracy against the share of pretraining's epochs that showed the gold place, a
     line per report (made with --exposure)."""
     plt = plot.pyplot('--exposure_plot')
     fig, ax = plt.subplots(figsize=(6, 4))
-    labels = ['never', 'up to 20%'] + [f"{low:.0%}-{high:.0%}" for low, high in PLOT_EXPOSURE[2:]]
     for report in reports:
-        if any(r.get('fraction seen') is None for r in report['records']):
-            raise files.UserError(f"--exposure_plot: {report['name']} was made without --exposure")
-        accuracies = []
-        for low, high in PLOT_EXPOSURE:
-            group = [r for r in report['records'] if in_band(r['fraction seen'], low, high)]
-            correct = sum(r['category'] == 'correct' for r in group)
-            accuracies.append(100 * correct / len(group) if group else float('nan'))  # a gap
-        ax.plot(labels, accuracies, marker='o', label=report['name'])
+        accuracies = [100 * c / n if n else float('nan') for c, n in exposure_bands(report)]
+        ax.plot(PLOT_LABELS, accuracies, marker='o', label=report['name'])  # nan: a gap
     ax.set_xlabel("share of pretraining's epochs whose window held the gold place")
     ax.set_ylabel('dev accuracy (%)')
     ax.set_ylim(bottom=0)
@@ -626,6 +643,7 @@ def main(argv=None):
                 coverage_plot(reports, args.coverage_plot)
                 print(f"accuracy against coverage written to {args.coverage_plot}")
             if args.exposure_plot:
+                print(exposure_table(reports))
                 exposure_plot(reports, args.exposure_plot)
                 print(f"accuracy against exposure written to {args.exposure_plot}")
             return

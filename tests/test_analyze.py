@@ -235,11 +235,18 @@ def test_reports_side_by_side_a_table_and_a_picture(tmp_path, capsys):
     with pytest.raises(SystemExit):  # the picture of exposure needs --exposure's records
         analyze.main([str(tmp_path / 'r.json'), '--exposure_plot', str(tmp_path / 'e.png')])
     assert capsys.readouterr().err.endswith("m was made without --exposure\n")
-    for record, seen in zip(records, [0, 0.1, 0.5, 0.7]):  # no one in 20-40%: a gap
+    for record, seen in zip(records, [0, 0.2, 0.5, 0.7]):  # no one in 20-40%: a gap
         record['fraction seen'] = seen
     write(tmp_path / 'r.json', json.dumps(report))
+    capsys.readouterr()
     analyze.main([str(tmp_path / 'r.json'), '--exposure_plot', str(tmp_path / 'e.png')])
     assert (tmp_path / 'e.png').read_bytes()[:4] == b'\x89PNG'
+    out = capsys.readouterr().out  # the picture's figures: 0.2 is up to 20%, 0.5 in 40-60%
+    assert (
+        '| model | never | up to 20% | 20%-40% | 40%-60% | 60%-100% |\n|---|---|---|---|---|---|'
+        in out
+    )
+    assert '| m | 100.0% of 1 | 0.0% of 1 | - | 0.0% of 1 | 0.0% of 1 |' in out
 
 
 def test_accuracy_by_where_the_place_ends_and_by_exposure(folder, capsys):

@@ -110,6 +110,13 @@ def people_exposure(corpus_text, rows, window, start, length):
     return report
 
 
+def shown_late(report, epochs, final):
+    """How many people of the report pretraining last showed their place in its final
+    `final` epochs (of `epochs`)."""
+    return sum(r['last_epoch_seen'] is not None and r['last_epoch_seen'] > epochs - final
+               for r in report)  # fmt: skip
+
+
 def finetuning_subsets(lines, people, report, seed=0):
     """{file name: lines}: the subsets of the finetuning file's lines (people: each line's
     person) that --subsets writes; the controls are drawn with random.Random(seed)."""
@@ -172,7 +179,12 @@ def main(argv=None):
         report = people_exposure(text, rows, window, start, length)
         files.atomic_write(args.json, lambda f: f.write(json.dumps(report, indent=1).encode()))
         never = sum(r['fraction_seen'] == 0 for r in report)
-        print(f"{args.json}: {len(report)} people, {never} whose place pretraining never showed")
+        final = min(50, args.max_epochs)
+        print(
+            f"{args.json}: {len(report)} people, {never} whose place pretraining never showed; "
+            f"of the others, {shown_late(report, args.max_epochs, final)} last shown in the "
+            f"final {final} epochs"
+        )
     if args.subsets:
         people = [(person, place) for _, person, place in finetuning]
         report = people_exposure(text, people, window, start, length)

@@ -120,6 +120,13 @@ def test_the_command_line_writes_the_ledger_and_the_people(tiny, monkeypatch, ca
         assert f"sub/{name}.tsv: {len(lines)} of the {len(train)} lines of train.tsv" in out
 
 
+def test_shown_late_counts_the_people_last_shown_in_the_final_epochs():
+    report = [{'last_epoch_seen': e} for e in (None, 48, 600, 601, 650)]  # epochs count from 1
+    assert exposure.shown_late(report, 650, 50) == 2
+    assert exposure.shown_late(report, 650, 51) == 3
+    assert exposure.shown_late(report, 650, 650) == 4
+
+
 def test_finetuning_subsets_by_hand():
     lines = [f"Where was P{i} born?\tX" for i in range(6)]
     people = [f"P{i}" for i in range(6)]

@@ -16,10 +16,10 @@ rebuilds any training example from them.
 For each person of the question files (--people; default the finetuning and dev files),
 --json says where the gold place sits in their document (its first whole-word
 occurrence) and, epoch by epoch, whether pretraining showed it: in the text before the
-masked span or after it (each character a target), inside the masked span (to be
-recalled), or not at all (it ends beyond the window). `epochs` has a letter an epoch (b
-before, a after, m masked, - not shown); then the counts, the last epoch it was in the
-window, and the fraction of epochs it was.
+masked span or after it (each character a target), overlapping the masked span (all or
+part of it to be recalled), or not at all (it ends beyond the window). `by_epoch` has a
+letter an epoch (b before, a after, m masked, - not shown); then the counts, the last
+epoch it was in the window, and the fraction of epochs it was.
 
 --subsets DIR writes parts of the finetuning file (its lines in file order) for finetuning
 on known and unknown facts: seen.tsv without the people whose place pretraining never
@@ -88,7 +88,7 @@ def people_exposure(corpus_text, rows, window, start, length):
         entry = dict(name=name, place=place, document=index.get(document) if document else None)
         if where is None:
             report.append(dict(
-                entry, place_start=None, place_end=None, epochs='-' * len(window), shown=0,
+                entry, place_start=None, place_end=None, by_epoch='-' * len(window), shown=0,
                 masked=0, not_shown=len(window), last_epoch_seen=None, fraction_seen=0.0,
             ))  # fmt: skip
             continue
@@ -97,11 +97,11 @@ def people_exposure(corpus_text, rows, window, start, length):
         mask_from, mask_to = start[:, d], start[:, d] + length[:, d]  # (epochs,)
         seen = shown_to >= end
         in_mask = seen & (mask_from < end) & (mask_to > begin)
-        before = seen & (end <= mask_from)
+        before = end <= mask_from
         letters = np.where(~seen, '-', np.where(in_mask, 'm', np.where(before, 'b', 'a')))
         epochs_seen = np.flatnonzero(seen)
         report.append(dict(
-            entry, place_start=begin, place_end=end, epochs=''.join(letters),
+            entry, place_start=begin, place_end=end, by_epoch=''.join(letters),
             shown=int((seen & ~in_mask).sum()), masked=int(in_mask.sum()),
             not_shown=int((~seen).sum()),
             last_epoch_seen=int(epochs_seen[-1]) + 1 if len(epochs_seen) else None,
@@ -115,6 +115,14 @@ def shown_late(report, epochs, final):
     `final` epochs (of `epochs`)."""
     return sum(r['last_epoch_seen'] is not None and r['last_epoch_seen'] > epochs - final
                for r in report)  # fmt: skip
+
+
+def where_shown(report):
+    """{letter: share}: where the place was in the epochs that showed it, over the report's
+    people (b before the masked span, a after it, m overlapping it)."""
+    letters = ''.join(r['by_epoch'] for r in report)
+    shown = sum(letters.count(c) for c in 'bam')
+    return {c: letters.count(c) / shown if shown else 0.0 for c in 'bam'}
 
 
 def finetuning_subsets(lines, people, report, seed=0):
@@ -179,11 +187,16 @@ def main(argv=None):
         report = people_exposure(text, rows, window, start, length)
         files.atomic_write(args.json, lambda f: f.write(json.dumps(report, indent=1).encode()))
         never = sum(r['fraction_seen'] == 0 for r in report)
-        final = min(50, args.max_epochs)
+        final = min(50, args.max_epochs)  # whether the last epoch seen can tell people apart
         print(
             f"{args.json}: {len(report)} people, {never} whose place pretraining never showed; "
             f"of the others, {shown_late(report, args.max_epochs, final)} last shown in the "
             f"final {final} epochs"
+        )
+        shares = where_shown(report)
+        print(
+            f"in the epochs that showed a place: overlapping the masked span {shares['m']:.1%}, "
+            f"in the text before it {shares['b']:.1%}, after it {shares['a']:.1%}"
         )
     if args.subsets:
         people = [(person, place) for _, person, place in finetuning]

@@ -87,12 +87,12 @@ def test_each_person_is_shown_masked_or_not_as_the_ledger_says(tiny, monkeypatch
                 letters += '-'
             else:
                 letters += 'm' if counts[2] else 'b' if counts[0] else 'a'
-        assert entry['epochs'] == letters
-    letters = ''.join(e['epochs'] for e in report[:-1])
+        assert entry['by_epoch'] == letters
+    letters = ''.join(e['by_epoch'] for e in report[:-1])
     assert all(letters.count(c) for c in 'bam-'), letters  # every case is tried
     assert sum(e['masked'] for e in report) > 0 and sum(e['not_shown'] for e in report) > 0
     assert report[-1]['document'] is None and report[-1]['fraction_seen'] == 0.0
-    assert report[-1]['epochs'] == '-' * 30
+    assert report[-1]['by_epoch'] == '-' * 30
     json.dumps(report)  # plain values only
 
 
@@ -125,6 +125,12 @@ def test_shown_late_counts_the_people_last_shown_in_the_final_epochs():
     assert exposure.shown_late(report, 650, 50) == 2
     assert exposure.shown_late(report, 650, 51) == 3
     assert exposure.shown_late(report, 650, 650) == 4
+
+
+def test_where_shown_shares_the_epochs_that_showed_a_place():
+    report = [{'by_epoch': 'bm-a'}, {'by_epoch': 'aam-'}, {'by_epoch': '----'}]
+    assert exposure.where_shown(report) == {'b': 1 / 6, 'a': 3 / 6, 'm': 2 / 6}
+    assert exposure.where_shown(report[2:]) == {'b': 0.0, 'a': 0.0, 'm': 0.0}
 
 
 def test_finetuning_subsets_by_hand():

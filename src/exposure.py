@@ -87,27 +87,25 @@ def people_exposure(corpus_text, rows, window, start, length):
         where = analyze.place_span(document, place)
         entry = dict(name=name, place=place, document=index.get(document) if document else None)
         if where is None:
-            report.append(dict(
-                entry, place_start=None, place_end=None, by_epoch='-' * len(window), shown=0,
-                masked=0, not_shown=len(window), last_epoch_seen=None, fraction_seen=0.0,
-            ))  # fmt: skip
+            report.append(dict(entry, place_start=None, place_end=None, **tally('-' * len(window))))
             continue
         d, (begin, end) = entry['document'], where
-        shown_to = window[:, d]  # (epochs,)
         mask_from, mask_to = start[:, d], start[:, d] + length[:, d]  # (epochs,)
-        seen = shown_to >= end
-        in_mask = seen & (mask_from < end) & (mask_to > begin)
-        before = end <= mask_from
-        letters = np.where(~seen, '-', np.where(in_mask, 'm', np.where(before, 'b', 'a')))
-        epochs_seen = np.flatnonzero(seen)
-        report.append(dict(
-            entry, place_start=begin, place_end=end, by_epoch=''.join(letters),
-            shown=int((seen & ~in_mask).sum()), masked=int(in_mask.sum()),
-            not_shown=int((~seen).sum()),
-            last_epoch_seen=int(epochs_seen[-1]) + 1 if len(epochs_seen) else None,
-            fraction_seen=float(seen.mean()),
-        ))  # fmt: skip
+        seen = window[:, d] >= end  # (epochs,)
+        in_mask = (mask_from < end) & (mask_to > begin)
+        letters = np.where(~seen, '-', np.where(in_mask, 'm', np.where(end <= mask_from, 'b', 'a')))
+        report.append(dict(entry, place_start=begin, place_end=end, **tally(''.join(letters))))
     return report
+
+
+def tally(by_epoch):
+    """A person's letters (one an epoch: b, a, m or -) and what they add up to."""
+    seen = [e for e, letter in enumerate(by_epoch, 1) if letter != '-']
+    return dict(
+        by_epoch=by_epoch, shown=by_epoch.count('b') + by_epoch.count('a'),
+        masked=by_epoch.count('m'), not_shown=by_epoch.count('-'),
+        last_epoch_seen=seen[-1] if seen else None, fraction_seen=len(seen) / len(by_epoch),
+    )  # fmt: skip
 
 
 def shown_late(report, epochs, final):

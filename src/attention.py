@@ -1,17 +1,19 @@
 """The attention variants that plug into the GPT of model.py.
 
-CausalSelfAttention is handout eq. 9-10 (through torch's scaled_dot_product_attention
-where that is fastest); with config.rope (2024/25 editions) it rotates queries and keys
+CausalSelfAttention is handout eq. 9-10 (in evaluation through torch's
+scaled_dot_product_attention); with config.rope (2024/25 editions) it rotates queries and keys
 by their positions (precompute_rotary_emb, apply_rotary_emb).
 SynthesizerAttention is handout eq. 11, where the scores of each position come from that
 position alone instead of from pairs of positions.
 CausalCrossAttention (2023 edition, the perceiver) takes keys/values from one sequence and
 queries from another; perceiver.py's DownProjectBlock and UpProjectBlock are built on it.
 
-Each forward() is the handout's computation, written out; it is what trains on the CPU.
-Where torch's fused kernel is faster (evaluation, GPUs), fused_attention computes the same
-(tests/test_model.py holds the two equal). The self-attentions take,
-besides x, two optional arguments that make them faster without changing the result:
+Each forward() is the handout's computation, written out; it is what trains, on every
+device. Evaluation, which has no dropout, runs torch's fused kernel instead (fused_attention,
+which tests/test_model.py holds equal to the written-out computation). Training never uses
+the fused kernels' own dropout: on an H100 in bf16 a model trained through it learns
+nothing (README, "Measured on one GPU"). The self-attentions take, besides x, two optional
+arguments that make them faster without changing the result:
   packing  x holds only the positions that can change the loss, as (N, C) rows
            (packing.py); attention needs whole rows, so it runs on groups of padded rows.
   cache    a KVCache keeping the keys and values of earlier positions, so that greedy
@@ -39,15 +41,16 @@ def merge_heads(y):
     return y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, C): heads side by side
 
 
-def fused_attention(q, k, v, mask, past, dropout_p):
-    """softmax(q k^T / sqrt(hs), causal) v in torch's fused kernel: (B, nh, Tq, hs). Query i
+def fused_attention(q, k, v, mask, past):
+    """softmax(q k^T / sqrt(hs), causal) v in torch's fused kernel, without dropout (for
+    evaluation): (B, nh, Tq, hs). Query i
     stands at position past+i and sees keys 0..past+i: the block_size mask cut to
     [past:past+Tq, :Tk], or the kernel's own causal mask where that is the same."""
     Tq, Tk = q.size(2), k.size(2)
     if past == 0 and Tq == Tk:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     allowed = mask[:, :, past : past + Tq, :Tk].bool()  # (1, 1, Tq, Tk)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
 
 
 class KVCache:
@@ -145,14 +148,13 @@ class CausalSelfAttention(nn.Module):
             if cache is not None:
                 k, v = cache.extend(k, v)  # (B, nh, past+T, hs)
             Tq, Tk = q.size(2), k.size(2)
-            if self.training and x.device.type == 'cpu':
+            if self.training:
                 # scaled and masked in place: the scores are the step's biggest tensor
                 att = (q @ k.transpose(-2, -1)).mul_(1.0 / math.sqrt(k.size(-1)))  # (B, nh, Tq, Tk)
                 att.masked_fill_(self.mask[:, :, past : past + Tq, :Tk] == 0, float('-inf'))
                 y = self.attn_drop(F.softmax(att, dim=-1)) @ v  # (B, nh, Tq, hs)
-            else:  # the same in torch's fused kernel (on the CPU it has none with dropout)
-                dropout = self.attn_drop.p if self.training else 0.0
-                y = fused_attention(q, k, v, self.mask, past, dropout)  # (B, nh, Tq, hs)
+            else:  # the same in torch's fused kernel
+                y = fused_attention(q, k, v, self.mask, past)  # (B, nh, Tq, hs)
             ys.append(merge_heads(y))  # (B, T, C)
         return self.resid_drop(self.proj(repacked(packing, ys)))  # (B, T, C), or (N, C)
 
@@ -214,11 +216,10 @@ class CausalCrossAttention(CausalSelfAttention):
         k = split_heads(self.key(x_kv), self.n_head)  # (B, nh, Tk, hs)
         v = split_heads(self.value(x_kv), self.n_head)  # (B, nh, Tk, hs)
         Tq, Tk = q.size(2), k.size(2)
-        if self.training and x_q.device.type == 'cpu':  # written out, as CausalSelfAttention
+        if self.training:  # written out, as CausalSelfAttention
             att = (q @ k.transpose(-2, -1)).mul_(1.0 / math.sqrt(k.size(-1)))  # (B, nh, Tq, Tk)
             att.masked_fill_(self.mask[:, :, :Tq, :Tk] == 0, float('-inf'))
             y = self.attn_drop(F.softmax(att, dim=-1)) @ v  # (B, nh, Tq, hs)
         else:
-            dropout = self.attn_drop.p if self.training else 0.0
-            y = fused_attention(q, k, v, self.mask, 0, dropout)  # (B, nh, Tq, hs)
+            y = fused_attention(q, k, v, self.mask, 0)  # (B, nh, Tq, hs)
         return self.resid_drop(self.proj(merge_heads(y)))  # (B, Tq, C)

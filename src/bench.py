@@ -161,8 +161,9 @@ def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision
     steps.insert(0, lambda t=t: t.batch(corpus, next(built) % t.steps_per_epoch))  # ours
     names = ('batch', 'plain', 'ours')
     results = dict(zip(names, time_steps(steps, steps_per_path, device)))
-    rows = packing.target_lengths(y).tolist()  # positions our step computes, per row
-    return results, rows
+    # positions our step computes, per row: the CPU packs, a GPU computes the padded batch
+    rows = packing.target_lengths(y) if devices.packs_batches(device) else [y.size(1)] * len(y)
+    return results, [int(n) for n in rows]
 
 
 def model_flops(kept_positions, rows, n_embd=256, n_layer=4, vocab=256):

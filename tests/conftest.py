@@ -164,7 +164,8 @@ def packed_loss(gpt, idx, targets, packing=None):
     """The loss the trainer computes: GPT.forward on only the positions that can change it."""
     from packing import Packing, target_lengths
 
-    packing = Packing(target_lengths(targets)) if packing is None else packing
+    if packing is None:
+        packing = Packing(target_lengths(targets), device=targets.device)
     return gpt(idx, targets, packing=packing)[1]
 
 

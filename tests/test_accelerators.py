@@ -6,12 +6,14 @@ loss against the plain one, cached greedy decoding against the plain decoder, an
 interrupted and resumed run against a straight one."""
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
 
 import decoding
 import resume
+import run
 import trainer
 import utils
 from conftest import packed_loss
@@ -150,3 +152,26 @@ def test_interrupted_run_resumes_to_the_same_losses(tmp_path, device):
     torch.testing.assert_close(
         torch.tensor(losses[1]), torch.tensor(losses[0]), rtol=1e-4, atol=1e-6
     )
+
+
+@pytest.mark.parametrize('device', DEVICES[:1])
+def test_pretraining_learns_as_on_the_cpu(real_data, tmp_path, device):
+    """53 epochs of the handout's vanilla pretraining (1,219 steps, about 25 s on an H100)
+    in the device's default precision: the losses of its last 120 steps are, on average,
+    those of the published CPU run within 0.15. Training through torch's fused attention
+    with its own dropout (cuDNN's, torch 2.11, bf16) stayed 0.5-0.8 above them here, and
+    the 650-epoch model answered no dev question; the written-out attention trains as the
+    CPU's does."""
+    params = tmp_path / 'vanilla.pretrain.params'
+    args = ['pretrain', 'vanilla', 'wiki.txt', '--writing_params_path', str(params)]
+    run.main(args + ['--max_epochs', '53', '--device', device])
+    published = Path(__file__).resolve().parent.parent / 'results'
+    reference = published / 'vanilla.pretrain.params.metrics.csv'
+
+    def late_mean(path):
+        rows = [line.split(',') for line in path.read_text().splitlines()[1:]]
+        losses = [float(r[2]) for r in rows if 1100 <= int(r[1]) <= 1219]
+        return sum(losses) / len(losses)
+
+    here = late_mean(Path(str(params) + '.metrics.csv'))
+    assert abs(here - late_mean(reference)) < 0.15, (here, late_mean(reference))

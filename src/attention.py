@@ -11,8 +11,9 @@ queries from another; perceiver.py's DownProjectBlock and UpProjectBlock are bui
 Each forward() is the handout's computation, written out; it is what trains, on every
 device. Evaluation, which has no dropout, runs torch's fused kernel instead (fused_attention,
 which tests/test_model.py holds equal to the written-out computation). Training never uses
-the fused kernels' own dropout: on an H100 in bf16 a model trained through it learns
-nothing (README, "Measured on one GPU"). The self-attentions take, besides x, two optional
+the fused kernels' own dropout: on an H100 in bf16, pretraining through it stalled far
+above the CPU run's losses and the finetuned model answered no dev question (README,
+"Measured on one GPU"). The self-attentions take, besides x, two optional
 arguments that make them faster without changing the result:
   packing  x holds only the positions that can change the loss, as (N, C) rows
            (packing.py); attention needs whole rows, so it runs on groups of padded rows.

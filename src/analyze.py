@@ -42,6 +42,7 @@ import sys
 import torch
 from torch.nn import functional as F
 
+import checks
 import dataset
 import decoding
 import devices
@@ -636,6 +637,7 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        checks.check_reports(args, 'json', 'coverage_plot', 'exposure_plot')
         if args.comparing:
             reports = [read_report(path) for path in args.inputs]
             print(comparison(reports))

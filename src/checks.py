@@ -1,6 +1,7 @@
 """What run.py checks before any work, so that a run never dies at its end for something
 that could have been seen at its start: the flags each phase needs, the corpus's reserved
-characters, every line of the question files, and where the outputs go. Each problem is
+characters, every line of the question files, and where the outputs go (the research
+tools beside it check theirs with check_reports). Each problem is
 a one-line UserError naming the flag, the file or the line. (The params a phase reads are
 checked by params_files.py, the launch under torchrun by distributed.py.)
 """
@@ -115,6 +116,20 @@ def check_tsv(path, vocab, block_size, training):
                     f"{where}: question and place are {len(ascii_line) - 1} characters; "
                     f"at most {block_size - 2} fit in the block"
                 )
+
+
+def check_reports(args, *flags):
+    """The files a research tool writes at its end (--json, --plot, ...), checked before
+    its work. A missing folder is made: README's recipes write into cloze/ and the like."""
+    for flag in flags:
+        path = getattr(args, flag)
+        if path:
+            directory = os.path.dirname(os.path.abspath(path))
+            try:
+                os.makedirs(directory, exist_ok=True)
+            except OSError as e:
+                raise UserError(f"--{flag} {path}: cannot make directory {directory}: {e.strerror}")
+            check_writable(path, flag)
 
 
 def check_writable(path, flag):

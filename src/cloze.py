@@ -31,6 +31,7 @@ import sys
 import torch
 
 import analyze
+import checks
 import decoding
 import files
 
@@ -141,6 +142,7 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        checks.check_reports(args, 'json')
         rows = analyze.read_questions(args.eval_corpus_path)
         corpus = files.read_text(args.pretrain_corpus_path)
         seen = analyze.read_exposure(args.exposure) if args.exposure else {}

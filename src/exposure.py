@@ -37,6 +37,7 @@ import sys
 import numpy as np
 
 import analyze
+import checks
 import dataset
 import files
 import run
@@ -162,6 +163,7 @@ def main(argv=None):
     try:
         if not (args.ledger or args.json or args.subsets):
             raise files.UserError("nothing to write: give --ledger, --json or --subsets")
+        checks.check_reports(args, 'ledger', 'json')
         text = files.read_text(args.pretrain_corpus_path)
         rows = [
             (person, place)

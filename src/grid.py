@@ -34,6 +34,7 @@ import os
 import re
 import statistics
 
+import checks
 import devices
 import files
 import finetune_methods
@@ -333,6 +334,7 @@ def plot_grid(record, out):
 def main(argv=None):
     args = parse_args(argv)
     with records.one_line_stops('src/grid.py', argv):
+        checks.check_reports(args, 'plot')
         device = args.device = devices.pick_device(args.device)
         # recorded as what they are here, not as 'auto'
         args.precision = devices.training_precision(args.precision, device)

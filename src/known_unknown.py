@@ -32,6 +32,7 @@ import statistics
 import sys
 
 import analyze
+import checks
 import files
 import grid
 
@@ -193,6 +194,7 @@ def main(argv=None):
     argp.add_argument('--json', help="write the rows here")
     args = argp.parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        checks.check_reports(args, 'json')
         table = [row for directory in args.grids for row in rows(directory)]
         table.sort(key=lambda row: (row['model'], row['method']))  # stable: directories' order
         whole = next((r['finetuning file'] for r in table if r['directory'] == args.grids[0]), None)

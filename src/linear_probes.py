@@ -27,6 +27,7 @@ import sys
 import torch
 
 import analyze
+import checks
 import decoding
 import files
 import run
@@ -112,6 +113,7 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        checks.check_reports(args, 'json')
         train = analyze.read_questions(args.finetune_corpus_path)
         dev = analyze.read_questions(args.eval_corpus_path)
         seen = analyze.read_exposure(args.exposure)

@@ -26,6 +26,7 @@ import re
 import sys
 
 import analyze
+import checks
 import files
 import plot
 
@@ -137,6 +138,7 @@ def main(argv=None):
     argp.add_argument('--json', help="write the table's rows here")
     args = argp.parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        checks.check_reports(args, 'json', 'plot')
         checkpoints = sorted((read_checkpoint(path) for path in args.cloze), key=lambda c: c[0])
         epochs = [epoch for epoch, _ in checkpoints]
         if len(set(epochs)) < len(epochs):

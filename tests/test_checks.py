@@ -1,6 +1,7 @@
 """Bad input, caught before any work (checks.py, with params_files.py and devices.py):
 each case is one clear line on stderr naming the flag, file or line, and exit code 2."""
 
+import importlib
 import re
 
 import pytest
@@ -364,3 +365,28 @@ def test_bad_input_is_one_clear_line(params, capsys, argv, inputs, message):
     assert len(err.strip().splitlines()) == 1, err
     assert re.search(message, err.strip()), err
     assert not (params / 'x.params').exists()
+
+
+# Each research tool with inputs that do not exist: where it writes is checked first.
+REPORT_TOOLS = [
+    ('analyze', ['none.predictions', '--json']),
+    ('analyze', ['a.json', 'b.json', '--exposure_plot']),
+    ('cloze', ['none.params', '--json']),
+    ('exposure', ['--json']),
+    ('exposure', ['--ledger']),
+    ('linear_probes', ['none.params', '--exposure', 'none.json', '--json']),
+    ('known_unknown', ['no-grid', '--json']),
+    ('over_pretraining', ['none.json', '--plot']),
+    ('grid', ['--pretrained', 'none.params', '--plot']),
+]
+
+
+@pytest.mark.parametrize('tool, argv', REPORT_TOOLS, ids=[f'{t} {a[-1]}' for t, a in REPORT_TOOLS])
+def test_research_tools_check_where_they_write_before_any_work(tmp_path, capsys, tool, argv):
+    """An output that cannot be written (here a directory) is one line naming its flag,
+    before the inputs are read: no analysis dies at its end for want of its report's path."""
+    with pytest.raises(SystemExit) as stop:
+        importlib.import_module(tool).main([*argv, str(tmp_path)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2
+    assert err == f"error: {argv[-1]} {tmp_path}: is a directory\n"

@@ -105,11 +105,12 @@ def test_the_command_line_writes_the_ledger_and_the_people(tiny, monkeypatch, ca
     assert capsys.readouterr().err == (
         "error: nothing to write: give --ledger, --json or --subsets\n"
     )
-    argv = ['--max_epochs', '2', '--ledger', 'l.npz', '--json', 'p.json', '--people', 'people.tsv']
-    exposure.main(argv)
-    ledger = np.load(tiny / 'l.npz')
+    # into a folder that does not exist yet: it is made
+    argv = ['--max_epochs', '2', '--ledger', 'out/l.npz', '--json', 'out/p.json']
+    exposure.main(argv + ['--people', 'people.tsv'])
+    ledger = np.load(tiny / 'out' / 'l.npz')
     assert ledger['window'].shape == (2, len((tiny / 'wiki.txt').read_text().split('\n')))
-    assert json.loads((tiny / 'p.json').read_text())[0]['name'] == 'Ada Lovelace'
+    assert json.loads((tiny / 'out' / 'p.json').read_text())[0]['name'] == 'Ada Lovelace'
     capsys.readouterr()
     exposure.main(['--max_epochs', '2', '--subsets', 'sub', '--finetune_corpus_path', 'train.tsv'])
     out = capsys.readouterr().out

@@ -29,6 +29,12 @@ for f in london_baseline.py "${results[@]}"; do
     fi
 done
 
+if ! command -v zip >/dev/null; then
+    # Git Bash on Windows, and some images, have no zip: Python's zipfile makes the same archive
+    echo "error: zip is not installed; make the archive with: python -m zipfile -c $zipfile src london_baseline.py ${results[*]}" >&2
+    exit 1
+fi
+
 rm -f "$zipfile"
 # london_baseline.py too: the local grader (grading/grade.py) runs it
 zip -q -r "$zipfile" src/ london_baseline.py "${results[@]}" -x '*__pycache__*' '*.pyc'

@@ -2,7 +2,6 @@
 commands as their handouts print them, each edition's settings, TensorBoard logs, the
 submission packing of each edition (their bad input is in test_checks.py)."""
 
-import shutil
 import subprocess
 import zipfile
 
@@ -13,9 +12,8 @@ import params_files
 import reproduce
 import run
 import trainer
-from conftest import ROOT
 from test_metrics import tensorboard_scalars
-from test_run import CORRECT_LINE, main
+from test_run import CORRECT_LINE, main, submission_folder
 
 QUICK = ['--max_epochs', 1, '--batch_size', 16]
 
@@ -211,11 +209,7 @@ ROPE_SUBMISSION = [
 
 
 def test_collect_submission_2024(tmp_path, real_data):
-    shutil.copytree(ROOT / 'src', tmp_path / 'src', ignore=shutil.ignore_patterns('__pycache__'))
-    shutil.copy(ROOT / 'collect_submission.sh', tmp_path)
-    shutil.copy(ROOT / 'london_baseline.py', tmp_path)
-    for name in ROPE_SUBMISSION[:-1]:
-        (tmp_path / name).write_text('x')
+    submission_folder(tmp_path, ROPE_SUBMISSION[:-1])
     result = subprocess.run(
         ['bash', 'collect_submission.sh', '2024'], cwd=tmp_path, capture_output=True, text=True
     )

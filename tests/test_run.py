@@ -464,12 +464,17 @@ NINE = [
 ]
 
 
+def submission_folder(folder, results):
+    """A copy of src/, collect_submission.sh and london_baseline.py, and these results."""
+    shutil.copytree(ROOT / 'src', folder / 'src', ignore=shutil.ignore_patterns('__pycache__'))
+    shutil.copy(ROOT / 'collect_submission.sh', folder)
+    shutil.copy(ROOT / 'london_baseline.py', folder)
+    for name in results:
+        (folder / name).write_text('x')
+
+
 def test_collect_submission(tmp_path):
-    shutil.copytree(ROOT / 'src', tmp_path / 'src', ignore=shutil.ignore_patterns('__pycache__'))
-    shutil.copy(ROOT / 'collect_submission.sh', tmp_path)
-    shutil.copy(ROOT / 'london_baseline.py', tmp_path)
-    for name in NINE[:-1]:
-        (tmp_path / name).write_text('x')
+    submission_folder(tmp_path, NINE[:-1])
     result = subprocess.run(
         ['bash', 'collect_submission.sh'], cwd=tmp_path, capture_output=True, text=True
     )
@@ -493,6 +498,29 @@ def test_collect_submission(tmp_path):
         'src/utils.py',
         'london_baseline.py',
     } <= names
+
+
+def test_collect_submission_without_zip_gives_the_python_command(tmp_path):
+    """Git Bash on Windows has no zip: one line, whose Python command makes the archive."""
+    submission_folder(tmp_path, NINE)
+    tools = tmp_path / 'bin'  # a PATH with bash and dirname alone
+    tools.mkdir()
+    for tool in ('bash', 'dirname'):
+        (tools / tool).symlink_to(shutil.which(tool))
+    result = subprocess.run(
+        [str(tools / 'bash'), 'collect_submission.sh'],
+        cwd=tmp_path,
+        env={'PATH': str(tools)},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1
+    (line,) = result.stderr.splitlines()
+    command = line.split('make the archive with: ')[1].split()
+    assert command[:4] == ['python', '-m', 'zipfile', '-c']
+    subprocess.run([sys.executable, *command[1:]], cwd=tmp_path, check=True)
+    names = set(zipfile.ZipFile(tmp_path / 'assignment5.zip').namelist())
+    assert set(NINE) <= names and 'src/run.py' in names and 'london_baseline.py' in names
 
 
 def test_environment_yml_agrees_with_requirements():

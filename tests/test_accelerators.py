@@ -7,7 +7,6 @@ interrupted and resumed run against a straight one, and 53 epochs of the handout
 pretraining against the published CPU run's losses."""
 
 import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ import resume
 import run
 import trainer
 import utils
-from conftest import packed_loss
+from conftest import ROOT, packed_loss
 from test_distributed import csv_losses
 from test_model import SMALL, VARIANTS, make_gpt, ragged_batch
 from test_trainer import tiny_setup
@@ -165,13 +164,12 @@ def test_pretraining_learns_as_on_the_cpu(real_data, tmp_path, device):
     params = tmp_path / 'vanilla.pretrain.params'
     args = ['pretrain', 'vanilla', 'wiki.txt', '--writing_params_path', str(params)]
     run.main(args + ['--max_epochs', '53', '--device', device])
-    published = Path(__file__).resolve().parent.parent / 'results'
-    reference = published / 'vanilla.pretrain.params.metrics.csv'
+    reference = ROOT / 'results' / 'vanilla.pretrain.params.metrics.csv'
 
     def late_mean(path):
         rows = [line.split(',') for line in path.read_text().splitlines()[1:]]
         losses = [float(r[2]) for r in rows if 1100 <= int(r[1]) <= 1219]
         return sum(losses) / len(losses)
 
-    here = late_mean(Path(str(params) + '.metrics.csv'))
+    here = late_mean(params.with_name(params.name + '.metrics.csv'))
     assert abs(here - late_mean(reference)) < 0.15, (here, late_mean(reference))

@@ -67,14 +67,28 @@ pretrain() {
     fi
 }
 
+# published MODEL: the published finetuned model's dev predictions: results/' file, or for
+# the perceiver's seeds 1 and 2, which have none there, the answers in their analyze.py
+# report (results/analysis/, whose answers are the prediction files' for the other models)
+published() {
+    local file=$ROOT/results/$1.pretrain.dev.predictions
+    if [ ! -f "$file" ]; then
+        file=$OUT/$1.published.dev.predictions
+        python -c 'import json, sys; print(*(r["prediction"] for r in json.load(open(sys.argv[1]))["records"]), sep="\n")' \
+            "$ROOT/results/analysis/$1.json" > "$file" || return 1
+    fi
+    echo "$file"
+}
+
 # cloze MODEL SEED: cloze.py on the pretrained params, with the finetuned model's answers
 cloze() {
-    local model=$1 report=$OUT/cloze/$1.json
+    local model=$1 report=$OUT/cloze/$1.json finetuned
     [ -f "$report" ] && return
+    finetuned=$(published "$model") || fail "the published answers of $model"
     say "cloze $model"
     python src/cloze.py "$OUT/$model.pretrain.params" --exposure "$OUT/exposure.s$2.json" \
-        --finetuned "$ROOT/results/$model.pretrain.dev.predictions" --json "$report" \
-        > "$OUT/cloze/$model.txt" || fail "cloze $model"
+        --finetuned "$finetuned" --json "$report" > "$OUT/cloze/$model.txt" \
+        || fail "cloze $model"
 }
 
 # checkpoints: cloze.py on each of checkpoints.sh's params files, with its own finetuned
@@ -99,14 +113,16 @@ checkpoints() {
 
 # linear MODEL SEED: the handout's finetune (full, seed 0) and linear_probes.py on it
 linear() {
-    local model=$1 report=$OUT/linear/$1.json
+    local model=$1 report=$OUT/linear/$1.json published
     [ -f "$report" ] && return
     say "linear probes $model"
     python src/grid.py --pretrained "$OUT/$model.pretrain.params" --methods full --seeds 0 \
         --outdir "$OUT/grid-all" --precision bf16 >/dev/null || fail "finetune $model"
-    if cmp -s "$OUT/grid-all/$model.full.s0.dev.predictions" \
-        "$ROOT/results/$model.pretrain.dev.predictions"; then
-        say "$model: dev predictions identical to results/$model.pretrain.dev.predictions"
+    published=$(published "$model") || fail "the published answers of $model"
+    if cmp -s "$OUT/grid-all/$model.full.s0.dev.predictions" "$published"; then
+        say "$model: dev predictions identical to the published ones (${published#"$ROOT"/})"
+    else
+        say "$model: dev predictions DIFFER from the published ones (${published#"$ROOT"/})"
     fi
     python src/linear_probes.py "$OUT/grid-all/$model.full.s0.params" \
         --exposure "$OUT/exposure.s$2.json" --json "$report" > "$OUT/linear/$model.txt" \

@@ -14,7 +14,7 @@ import run
 from test_analyze import CORPUS
 
 
-@pytest.mark.parametrize('variant', ['vanilla', 'rope', 'perceiver'])
+@pytest.mark.parametrize('variant', ['vanilla', 'synthesizer', 'rope', 'perceiver'])
 def test_states_equal_the_layers_run_by_hand(variant):
     ds = dataset.CharCorruptionDataset(CORPUS, run.BLOCK_SIZE)
     torch.manual_seed(0)

@@ -80,7 +80,13 @@ def read_questions(path, need_places=True):
 
 def read_predictions(path, questions, questions_path):
     """One prediction a line (empty ones too, which evaluation writes for a model that
-    answers nothing), as many as there are questions."""
+    answers nothing), as many as there are questions; or, from a .json, the predictions of
+    an earlier report of analyze.py on the same questions."""
+    if str(path).endswith('.json'):
+        records = read_report(path)['records']
+        if [r['person'] for r in records] != [person for _, person, _ in questions]:
+            raise files.UserError(f"{path}: its questions are not those of {questions_path}")
+        return [r['prediction'] for r in records]
     try:
         with open(path, 'rb') as f:
             text = files.universal_newlines(f.read().decode('utf-8', errors='replace'))
@@ -332,10 +338,11 @@ def analyze(args):
     """The report on args.predictions, as a dict that json.dump writes as it is."""
     rows = read_questions(args.eval_corpus_path)
     earlier = read_report(args.predictions) if args.predictions.endswith('.json') else None
-    if earlier:
-        predictions = earlier_predictions(earlier, rows, args)
-    else:
-        predictions = read_predictions(args.predictions, rows, args.eval_corpus_path)
+    if earlier and args.params:
+        raise files.UserError(
+            f"--params: {args.predictions} already holds the confidence its params gave"
+        )
+    predictions = read_predictions(args.predictions, rows, args.eval_corpus_path)
     corpus = files.read_text(args.pretrain_corpus_path)
     finetune_text = files.read_text(args.finetune_corpus_path)
     finetune_rows = read_questions(args.finetune_corpus_path)
@@ -387,19 +394,6 @@ def analyze(args):
         report['by exposure'] = breakdown(records, lambda r: exposure_bin(r['fraction seen']))
     report['records'] = records
     return report
-
-
-def earlier_predictions(earlier, rows, args):
-    """The predictions of an earlier report of analyze.py on the same questions."""
-    if [r['person'] for r in earlier['records']] != [person for _, person, _ in rows]:
-        raise files.UserError(
-            f"{args.predictions}: its questions are not those of {args.eval_corpus_path}"
-        )
-    if args.params:
-        raise files.UserError(
-            f"--params: {args.predictions} already holds the confidence its params gave"
-        )
-    return [r['prediction'] for r in earlier['records']]
 
 
 def read_exposure(path):

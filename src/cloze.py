@@ -17,8 +17,9 @@ document (teacher-forced): how strongly it is stored.
 
 Split by the share of pretraining's epochs that showed the place (exposure.py's --json,
 with --exposure). With --finetuned, the finetuned model's dev predictions (what run.py
-evaluate writes): how often that model is right in each band, and the AUROC with which
-the document probe's probability tells its right answers from its wrong ones.
+evaluate writes, or analyze.py's --json report of them): how often that model is right in
+each band, and the AUROC with which the document probe's probability tells its right
+answers from its wrong ones.
 """
 
 import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
@@ -133,7 +134,10 @@ def parse_args(argv):
     argp.add_argument('--eval_corpus_path', default='birth_dev.tsv')
     argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
     argp.add_argument('--exposure', help="exposure.py's --json of the pretraining")
-    argp.add_argument('--finetuned', help="the finetuned model's dev predictions")
+    argp.add_argument(
+        '--finetuned',
+        help="the finetuned model's dev predictions, or analyze.py's --json report of them",
+    )
     argp.add_argument('--json', help="write every person's record and the bands here")
     analyze.add_model_arguments(argp)
     return argp.parse_args(argv)

@@ -133,10 +133,26 @@ def test_the_command_writes_json_and_bad_input_is_one_line(params, capsys):
     often = report['bands']['often (25% or more)']
     assert often['finetuned'] == pytest.approx(1 / len(people))
     assert list(report['bands']) == ['often (25% or more)']
+    # analyze.py's report of the same predictions gives the same answers; one whose people
+    # are in another order is refused
+    analysis = {'name': 'm', 'questions': len(people), 'categories': {}, 'prior places': [],
+                'auroc': None, 'accuracy at coverage': {}, 'median confidence': 0.5,
+                'invented people': {},
+                'records': [{'person': p, 'prediction': a, 'confidence': 0.5}
+                            for p, a in zip(people, answers)]}  # fmt: skip
+    write(params / 'analysis.json', json.dumps(analysis))
+    cloze.main([*args, '--finetuned', str(params / 'analysis.json'),
+                '--json', str(params / 'again.json')])  # fmt: skip
+    again = json.loads((params / 'again.json').read_text())
+    assert [r['finetuned right'] for r in again['records']] == [True] + [False] * (len(people) - 1)
+    analysis['records'].reverse()
+    write(params / 'reversed.json', json.dumps(analysis))
     write(params / 'short.predictions', 'London\n')
     write(params / 'train.json', tsv([('Ada Lovelace', 'London')]))
     for flag, path, error in [
         ('--finetuned', 'short.predictions', f'1 predictions for the {len(people)} questions'),
+        ('--finetuned', 'reversed.json', 'its questions are not those of'),
+        ('--finetuned', 'exposure.json', 'not a report of analyze.py'),
         ('--exposure', 'train.json', 'not the --json of exposure.py'),
     ]:
         with pytest.raises(SystemExit) as stop:

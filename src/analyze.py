@@ -35,6 +35,7 @@ import argparse
 import collections
 import json
 import math
+import os
 import random
 import re
 import sys
@@ -101,11 +102,36 @@ def read_predictions(path, questions, questions_path):
     return predictions
 
 
-def documents(corpus, people):
-    """{person: the first line of the corpus that begins with their whole name, or ''}."""
-    lines = corpus.split('\n')
+def document_lines(lines, people):
+    """The index in lines of each person's document, or None: the first line that begins
+    with their whole name and is no earlier person's. people come in the order the corpus
+    holds their documents (wiki.txt: the finetuning file's, then dev's, then test's), so
+    two people of one name get a document each, and "George Bruce" is not given "George
+    Bruce Malleson"'s when Malleson comes first."""
     starts = lambda line, p: line.startswith(p) and not line[len(p) : len(p) + 1].isalnum()
-    return {p: next((line for line in lines if starts(line, p)), '') for p in people}
+    taken, found = set(), []
+    for person in people:
+        free = (i for i, line in enumerate(lines) if i not in taken)
+        i = next((i for i in free if starts(lines[i], person)), None)
+        taken.add(i)
+        found.append(i)
+    return found
+
+
+def documents(corpus, people, before=()):
+    """Each person's document (document_lines), or '': `before` are the people whose
+    documents come before theirs (dev's: the finetuning file's)."""
+    lines = corpus.split('\n')
+    found = document_lines(lines, [*before, *people])[len(before) :]
+    return ['' if i is None else lines[i] for i in found]
+
+
+def people_before(paths, finetune_path):
+    """The finetuning file's people, whose documents come before those of the question files
+    at paths (wiki.txt's order), or none when it is one of them."""
+    if any(os.path.abspath(path) == os.path.abspath(finetune_path) for path in paths):
+        return []
+    return [person for _, person, _ in read_questions(finetune_path)]
 
 
 def top_places(finetune_rows, n=PRIOR_PLACES):
@@ -144,19 +170,20 @@ def name_bin(count):
             return f"{low}+" if high is None else (f"{low}" if low == high else f"{low}-{high}")
 
 
-def categorize(rows, predictions, corpus, prior):
+def categorize(rows, predictions, corpus, prior, before=()):
     """One record per question: its category, whether the gold place occurs in the
-    person's document, and how often the person's name occurs in the corpus."""
-    docs = documents(corpus, {person for _, person, _ in rows})
+    person's document, and how often the person's name occurs in the corpus (before: as
+    documents takes it)."""
+    docs = documents(corpus, [person for _, person, _ in rows], before)
     records = []
-    for (_, person, place), prediction in zip(rows, predictions):
+    for (_, person, place), prediction, doc in zip(rows, predictions, docs):
         records.append({
             'person': person,
             'place': place,
             'prediction': prediction,
-            'category': category(prediction, place, docs[person], prior),
-            'gold in document': occurs(docs[person], place),
-            'place end': place_end(docs[person], place),
+            'category': category(prediction, place, doc, prior),
+            'gold in document': occurs(doc, place),
+            'place end': place_end(doc, place),
             'name count': len(re.findall(whole_words(person), corpus)),
         })  # fmt: skip
     return records
@@ -347,7 +374,8 @@ def analyze(args):
     finetune_text = files.read_text(args.finetune_corpus_path)
     finetune_rows = read_questions(args.finetune_corpus_path)
     prior = top_places(finetune_rows)
-    records = categorize(rows, predictions, corpus, prior)
+    before = people_before([args.eval_corpus_path], args.finetune_corpus_path)
+    records = categorize(rows, predictions, corpus, prior, before)
     answers = collections.Counter(place for _, _, place in finetune_rows)
     for record in records:
         record['answer count'] = answers[record['place']]
@@ -390,17 +418,18 @@ def analyze(args):
     if args.exposure:
         seen = read_exposure(args.exposure)
         for record in records:
-            record['fraction seen'] = seen.get(record['person'])
+            record['fraction seen'] = seen.get((record['person'], record['place']))
         report['by exposure'] = breakdown(records, lambda r: exposure_bin(r['fraction seen']))
     report['records'] = records
     return report
 
 
 def read_exposure(path):
-    """{person: the share of epochs that showed their place} of exposure.py's --json."""
+    """{(person, place): the share of epochs that showed the place} of exposure.py's --json
+    (by person and place: a name can be two people's)."""
     try:
         report = json.loads(files.read_text(path))
-        return {r['name']: r['fraction_seen'] for r in report}
+        return {(r['name'], r['place']): r['fraction_seen'] for r in report}
     except (ValueError, TypeError, KeyError):
         raise files.UserError(f"--exposure {path}: not the --json of exposure.py")
 

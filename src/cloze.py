@@ -17,7 +17,7 @@ document (teacher-forced): how strongly it is stored.
 
 Split by the share of pretraining's epochs that showed the place (exposure.py's --json,
 with --exposure). With --finetuned, the finetuned model's dev predictions (what run.py
-evaluate writes, or analyze.py's --json report of them): how often that model is right in
+evaluate writes, or analyze.py's --params ... --json report): how often that model is right in
 each band, and the AUROC with which the document probe's probability tells its right
 answers from its wrong ones.
 """
@@ -52,19 +52,20 @@ def encode(text, stoi, room):
 
 
 @torch.no_grad()
-def probe(gpt, pretrain_dataset, rows, corpus):
+def probe(gpt, pretrain_dataset, rows, corpus, before=()):
     """A record per (question, person, place) row: each probe's continuation and whether it
     is right, and the document probe's probability of the place (None where the document
-    lacks the place)."""
+    lacks the place, or where the place begins it). before: as analyze.documents takes it."""
     stoi, itos = pretrain_dataset.stoi, pretrain_dataset.itos
     mask = pretrain_dataset.MASK_CHAR
     steps = max(len(place) for _, _, place in rows) + 1  # the place and the character after it
     room = gpt.get_block_size() - 1 - steps  # the synthesizer has block_size - 1 positions
-    docs = analyze.documents(corpus, {person for _, person, _ in rows})
-    spans = [analyze.place_span(docs[person], place) for _, person, place in rows]
+    docs = analyze.documents(corpus, [person for _, person, _ in rows], before)
+    spans = [analyze.place_span(doc, place) for doc, (_, _, place) in zip(docs, rows)]
     prompts = {
-        'document': [encode(docs[p][: span[0]], stoi, room) if span else None
-                     for (_, p, _), span in zip(rows, spans)],
+        # a place at the document's start leaves nothing to continue
+        'document': [encode(doc[: span[0]], stoi, room) if span and span[0] else None
+                     for doc, span in zip(docs, spans)],
         'name': [encode(f"{person} was born in ", stoi, room) for _, person, _ in rows],
         'question': [encode(question, stoi, room) + [stoi[mask]] for question, _, _ in rows],
     }  # fmt: skip
@@ -124,7 +125,9 @@ def print_bands(split):
         line += f" {median:9.3f}" if median is not None else f" {'-':>9}"
         if finetuned:
             auroc = row['auroc']
-            line += f" {share(row['finetuned']):>9} " + (f"{auroc:6.2f}" if auroc else f"{'-':>6}")
+            line += f" {share(row['finetuned']):>9} " + (
+                f"{'-':>6}" if auroc is None else f"{auroc:6.2f}"
+            )
         print(line)
 
 
@@ -133,10 +136,15 @@ def parse_args(argv):
     argp.add_argument('params', help="pretrained params (before finetuning)")
     argp.add_argument('--eval_corpus_path', default='birth_dev.tsv')
     argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
+    argp.add_argument(
+        '--finetune_corpus_path',
+        default='birth_places_train.tsv',
+        help="its people's documents come before the dev people's in wiki.txt",
+    )
     argp.add_argument('--exposure', help="exposure.py's --json of the pretraining")
     argp.add_argument(
         '--finetuned',
-        help="the finetuned model's dev predictions, or analyze.py's --json report of them",
+        help="the finetuned model's dev predictions, or analyze.py's --params ... --json report",
     )
     argp.add_argument('--json', help="write every person's record and the bands here")
     analyze.add_model_arguments(argp)
@@ -148,6 +156,7 @@ def main(argv=None):
     try:
         checks.check_reports(args, 'json')
         rows = analyze.read_questions(args.eval_corpus_path)
+        before = analyze.people_before([args.eval_corpus_path], args.finetune_corpus_path)
         corpus = files.read_text(args.pretrain_corpus_path)
         seen = analyze.read_exposure(args.exposure) if args.exposure else {}
         finetuned = None
@@ -157,9 +166,9 @@ def main(argv=None):
         gpt, pretrain_dataset = analyze.load_model(args, corpus)
     except files.UserError as e:
         sys.exit(files.report(e))
-    records = probe(gpt, pretrain_dataset, rows, corpus)
+    records = probe(gpt, pretrain_dataset, rows, corpus, before)
     for i, record in enumerate(records):
-        record['fraction seen'] = seen.get(record['person'])
+        record['fraction seen'] = seen.get((record['person'], record['place']))
         if finetuned:
             record['finetuned right'] = finetuned[i]
     split = bands(records)

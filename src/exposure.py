@@ -76,17 +76,16 @@ def example(document, window, start, length, padded_length):
     return text + dataset.PAD_CHAR * (padded_length - len(text))
 
 
-def people_exposure(corpus_text, rows, window, start, length):
+def people_exposure(corpus_text, rows, window, start, length, before=()):
     """For each (name, place) of rows: where the place sits in the person's document and
-    what pretraining showed of it, epoch by epoch (see the module's docstring)."""
+    what pretraining showed of it, epoch by epoch (see the module's docstring). before: the
+    people whose documents come before theirs, as analyze.documents takes it."""
     lines = corpus_text.split('\n')
-    found = analyze.documents(corpus_text, [name for name, _ in rows])
-    index = {line: i for i, line in reversed(list(enumerate(lines)))}  # first occurrence
+    found = analyze.document_lines(lines, [*before, *(name for name, _ in rows)])[len(before) :]
     report = []
-    for name, place in rows:
-        document = found[name]
-        where = analyze.place_span(document, place)
-        entry = dict(name=name, place=place, document=index.get(document) if document else None)
+    for (name, place), d in zip(rows, found):
+        where = analyze.place_span(lines[d], place) if d is not None else None
+        entry = dict(name=name, place=place, document=d)
         if where is None:
             report.append(dict(entry, place_start=None, place_end=None, **tally('-' * len(window))))
             continue
@@ -124,15 +123,15 @@ def where_shown(report):
     return {c: letters.count(c) / shown if shown else 0.0 for c in 'bam'}
 
 
-def finetuning_subsets(lines, people, report, seed=0):
-    """{file name: lines}: the subsets of the finetuning file's lines (people: each line's
-    person) that --subsets writes; the controls are drawn with random.Random(seed)."""
-    fraction = {r['name']: r['fraction_seen'] for r in report}
+def finetuning_subsets(lines, report, seed=0):
+    """{file name: lines}: the subsets of the finetuning file's lines (report: people_exposure
+    of each line's person, in order) that --subsets writes; the controls are drawn with
+    random.Random(seed)."""
     wanted = {'seen': lambda f: f > 0, 'often': lambda f: f >= 0.25}  # analyze.exposure_bin's
     rng = random.Random(seed)
     subsets = {}
     for name, keep in wanted.items():
-        chosen = [line for line, person in zip(lines, people) if keep(fraction[person])]
+        chosen = [line for line, r in zip(lines, report, strict=True) if keep(r['fraction_seen'])]
         subsets[f"{name}.tsv"] = chosen
         drawn = sorted(rng.sample(range(len(lines)), len(chosen)))
         subsets[f"{name}.control.tsv"] = [lines[i] for i in drawn]
@@ -153,7 +152,8 @@ def parse_args(argv):
         '--people',
         nargs='+',
         default=['birth_places_train.tsv', 'birth_dev.tsv'],
-        help="question files whose people to report (default: finetuning and dev)",
+        help="question files whose people to report, in the order the corpus holds their "
+        "documents (default: finetuning and dev)",
     )
     return argp.parse_args(argv)
 
@@ -170,10 +170,15 @@ def main(argv=None):
             for path in args.people if args.json
             for _, person, place in analyze.read_questions(path)
         ]  # fmt: skip
+        before = analyze.people_before(args.people, args.finetune_corpus_path) if args.json else []
         if args.subsets:
             finetuning = analyze.read_questions(args.finetune_corpus_path)
             lines = files.read_lines(args.finetune_corpus_path)
-            os.makedirs(args.subsets, exist_ok=True)
+            try:
+                os.makedirs(args.subsets, exist_ok=True)
+            except OSError as e:
+                raise files.UserError(f"--subsets {args.subsets}: cannot make it: {e.strerror}")
+            checks.check_writable(os.path.join(args.subsets, 'seen.tsv'), 'subsets')
     except files.UserError as e:
         sys.exit(files.report(e))
     window, start, length = replay(text, args.edition, args.seed, args.max_epochs)
@@ -184,7 +189,7 @@ def main(argv=None):
         ))  # fmt: skip
         print(f"{args.ledger}: {window.shape[0]} epochs x {window.shape[1]} documents")
     if args.json:
-        report = people_exposure(text, rows, window, start, length)
+        report = people_exposure(text, rows, window, start, length, before)
         files.atomic_write(args.json, lambda f: f.write(json.dumps(report, indent=1).encode()))
         never = sum(r['fraction_seen'] == 0 for r in report)
         final = min(50, args.max_epochs)  # whether the last epoch seen can tell people apart
@@ -201,7 +206,7 @@ def main(argv=None):
     if args.subsets:
         people = [(person, place) for _, person, place in finetuning]
         report = people_exposure(text, people, window, start, length)
-        subsets = finetuning_subsets(lines, [p for p, _ in people], report)
+        subsets = finetuning_subsets(lines, report)
         for name, chosen in subsets.items():
             path = os.path.join(args.subsets, name)
             data = ''.join(line + '\n' for line in chosen).encode('utf-8')

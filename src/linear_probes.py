@@ -117,9 +117,15 @@ def main(argv=None):
         train = analyze.read_questions(args.finetune_corpus_path)
         dev = analyze.read_questions(args.eval_corpus_path)
         seen = analyze.read_exposure(args.exposure)
-        missing = [p for _, p, _ in train + dev if p not in seen]
+        missing = [p for _, p, place in train + dev if (p, place) not in seen]
         if missing:
             raise files.UserError(f"--exposure {args.exposure}: has no entry for {missing[0]}")
+        for path, rows in [(args.finetune_corpus_path, train), (args.eval_corpus_path, dev)]:
+            if len({seen[p, place] > 0 for _, p, place in rows}) < 2:
+                raise files.UserError(
+                    f"--exposure {args.exposure}: the people of {path} are all seen or all "
+                    "never shown; the seen-or-never probe needs both"
+                )
         corpus = files.read_text(args.pretrain_corpus_path)
         finetune_text = files.read_text(args.finetune_corpus_path)
         gpt, pretrain_dataset = analyze.load_model(args, corpus)
@@ -139,7 +145,7 @@ def main(argv=None):
     people = {'train': train, 'dev': dev}
     real = {s: [True] * len(people[s]) + [False] * (len(questions[s]) - len(people[s]))
             for s in questions}  # fmt: skip
-    shown = {s: [seen[p] > 0 for _, p, _ in people[s]] for s in people}
+    shown = {s: [seen[p, place] > 0 for _, p, place in people[s]] for s in people}
     report = {'params': args.params, 'splits': {}}
     for split_name, labels in [('real or invented', real), ('seen or never', shown)]:
         # the first len(labels) questions of each side: all, or the real people only

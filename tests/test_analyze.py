@@ -83,9 +83,31 @@ def test_a_place_in_the_document_counts_as_whole_words_only():
     assert not analyze.occurs('anything', '')
     assert analyze.category('', 'Rome', 'born in Rome', ['Paris']) == 'made up'
     corpus = 'Ada Lovelaceson. Born in Rome .\nAda Lovelace. Born in London .\n'
-    assert analyze.documents(corpus, ['Ada Lovelace']) == {
-        'Ada Lovelace': 'Ada Lovelace. Born in London .'
-    }
+    assert analyze.documents(corpus, ['Ada Lovelace']) == ['Ada Lovelace. Born in London .']
+
+
+def test_each_person_gets_their_own_document():
+    """wiki.txt holds a document per question in the question files' order, and names
+    repeat: two George Stones (Fulham in the finetuning file, London in dev), a George Bruce
+    after George Bruce Malleson, two identical documents for two rows of one name."""
+    lines = ['George Bruce Malleson. Born in Wimbledon .',
+             'George Stone. Born in Fulham, he studied at the London School .',
+             'Gregory Woods. Born in Egypt, he grew up in Ghana .',
+             'Gregory Woods. Born in Egypt, he grew up in Ghana .',
+             'George Bruce. Born in Scotland .',
+             'George Stone. Born in London .']  # fmt: skip
+    corpus = '\n'.join(lines) + '\n'
+    train = ['George Bruce Malleson', 'George Stone', 'Gregory Woods', 'Gregory Woods',
+             'George Bruce']  # fmt: skip
+    assert analyze.document_lines(corpus.split('\n'), train + ['George Stone']) == list(range(6))
+    assert analyze.documents(corpus, ['George Stone'], before=train) == [lines[5]]
+    # without the finetuning file's people before it, dev's George Stone gets theirs
+    assert analyze.documents(corpus, ['George Stone']) == [lines[1]]
+    assert analyze.documents(corpus, ['Ada Lovelace', 'George Bruce']) == ['', lines[0]]
+    dev = [('Where was George Stone born?', 'George Stone', 'London')]
+    [record] = analyze.categorize(dev, ['London'], corpus, [], before=train)
+    assert record['place end'] == len('George Stone. Born in London')
+    assert record['category'] == 'correct' and record['gold in document']
 
 
 def test_auroc_and_coverage_by_hand():
@@ -263,9 +285,9 @@ def test_accuracy_by_where_the_place_ends_and_by_exposure(folder, capsys):
         'unknown', 'never', 'rarely (under 25%)', 'rarely (under 25%)',
         'often (25% or more)', 'often (25% or more)',
     ]  # fmt: skip
-    seen = dict(zip([p for p, _ in DEV], [0.5, 0.1, 0.0, 0.3, 0.0]))
+    seen = zip(DEV, [0.5, 0.1, 0.0, 0.3, 0.0])
     write(folder / 'exposure.json', json.dumps([
-        {'name': p, 'fraction_seen': f} for p, f in seen.items()
+        {'name': p, 'place': place, 'fraction_seen': f} for (p, place), f in seen
     ]))  # fmt: skip
     args = analyze.parse_args(
         [str(folder / 'dev.predictions'), '--exposure', str(folder / 'exposure.json')]
@@ -307,9 +329,9 @@ def test_an_earlier_report_is_split_again_with_its_confidence(folder, capsys):
                'auroc': None, 'accuracy at coverage': {}, 'median confidence': 0.4,
                'invented people': invented, 'records': found}  # fmt: skip
     write(folder / 'earlier.json', json.dumps(earlier))
-    seen = dict(zip([p for p, _ in DEV], [0.5, 0.1, 0.0, 0.3, 0.0]))
+    seen = zip(DEV, [0.5, 0.1, 0.0, 0.3, 0.0])
     write(folder / 'exposure.json', json.dumps([
-        {'name': p, 'fraction_seen': f} for p, f in seen.items()
+        {'name': p, 'place': place, 'fraction_seen': f} for (p, place), f in seen
     ]))  # fmt: skip
     common = ['--eval_corpus_path', str(folder / 'dev.tsv'), '--pretrain_corpus_path',
               str(folder / 'wiki.txt'), '--finetune_corpus_path', str(folder / 'train.tsv')]  # fmt: skip

@@ -114,9 +114,13 @@ def test_bands_by_hand():
 
 def test_the_command_writes_json_and_bad_input_is_one_line(params, capsys):
     args = [str(params / 'vanilla.params'), '--eval_corpus_path', str(params / 'dev.tsv'),
+            '--finetune_corpus_path', str(params / 'train.tsv'),
             '--pretrain_corpus_path', str(params / 'wiki.txt'), '--device', 'cpu']  # fmt: skip
-    people = [r[1] for r in analyze.read_questions(params / 'dev.tsv')]
-    write(params / 'exposure.json', json.dumps([{'name': p, 'fraction_seen': 0.5} for p in people]))
+    rows = analyze.read_questions(params / 'dev.tsv')
+    people = [p for _, p, _ in rows]
+    write(params / 'exposure.json', json.dumps(
+        [{'name': p, 'place': place, 'fraction_seen': 0.5} for _, p, place in rows]
+    ))  # fmt: skip
     # the finetuned model is right on the first question only (and answers the second with
     # a longer name that begins with the place)
     places = [r[2] for r in analyze.read_questions(params / 'dev.tsv')]

@@ -96,6 +96,17 @@ def test_each_person_is_shown_masked_or_not_as_the_ledger_says(tiny, monkeypatch
     json.dumps(report)  # plain values only
 
 
+def test_two_people_of_one_name_each_have_their_own_document():
+    text = 'George Stone. Born in Fulham, he studied in London .\nGeorge Stone. Born in London .\n'
+    window, start, length = exposure.replay(text, '2021', seed=0, epochs=3)
+    rows = [('George Stone', 'Fulham'), ('George Stone', 'London')]
+    report = exposure.people_exposure(text, rows, window, start, length)
+    assert [(r['document'], r['place_start']) for r in report] == [(0, 22), (1, 22)]
+    # dev's George Stone alone, with the finetuning file's before him
+    [dev] = exposure.people_exposure(text, rows[1:], window, start, length, before=['George Stone'])
+    assert dev == report[1]
+
+
 def test_the_command_line_writes_the_ledger_and_the_people(tiny, monkeypatch, capsys):
     monkeypatch.chdir(tiny)
     (tiny / 'people.tsv').write_text('Where was Ada Lovelace born?\tx\n', encoding='utf-8')
@@ -119,6 +130,12 @@ def test_the_command_line_writes_the_ledger_and_the_people(tiny, monkeypatch, ca
         lines = (tiny / 'sub' / f"{name}.tsv").read_text(encoding='utf-8').splitlines()
         assert set(lines) <= set(train)
         assert f"sub/{name}.tsv: {len(lines)} of the {len(train)} lines of train.tsv" in out
+    # a file where the folder should be: one line, before the replay
+    with pytest.raises(SystemExit) as stop:
+        exposure.main(['--subsets', 'train.tsv', '--finetune_corpus_path', 'train.tsv'])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith('error: --subsets train.tsv: cannot make it')
+    assert len(err.splitlines()) == 1
 
 
 def test_shown_late_counts_the_people_last_shown_in_the_final_epochs():
@@ -135,15 +152,17 @@ def test_where_shown_shares_the_epochs_that_showed_a_place():
 
 
 def test_finetuning_subsets_by_hand():
-    lines = [f"Where was P{i} born?\tX" for i in range(6)]
-    people = [f"P{i}" for i in range(6)]
+    # lines 1 and 4 are two people of one name, born in different places: each line goes by
+    # its own person's exposure
+    people = ['P0', 'P1', 'P2', 'P3', 'P1', 'P5']
+    lines = [f"Where was {p} born?\tX{i}" for i, p in enumerate(people)]
     seen = [0.0, 0.1, 0.25, 0.0, 0.9, 0.3]
     report = [{'name': p, 'fraction_seen': f} for p, f in zip(people, seen)]
-    subsets = exposure.finetuning_subsets(lines, people, report, seed=3)
+    subsets = exposure.finetuning_subsets(lines, report, seed=3)
     assert subsets['seen.tsv'] == [lines[i] for i in (1, 2, 4, 5)]
     assert subsets['often.tsv'] == [lines[i] for i in (2, 4, 5)]
     for name in ('seen', 'often'):
         control = subsets[f"{name}.control.tsv"]
         assert len(control) == len(subsets[f"{name}.tsv"]) and len(set(control)) == len(control)
         assert control == sorted(control, key=lines.index)  # in file order
-    assert subsets == exposure.finetuning_subsets(lines, people, report, seed=3)
+    assert subsets == exposure.finetuning_subsets(lines, report, seed=3)

@@ -53,9 +53,9 @@ def test_the_probe_finds_a_line_and_nothing_where_there_is_none():
 
 
 def test_the_command_writes_both_splits(params, capsys):
-    people = [r[1] for path in ('train.tsv', 'dev.tsv')
-              for r in analyze.read_questions(params / path)]  # fmt: skip
-    exposure = [{'name': p, 'fraction_seen': 0.5 * (i % 2)} for i, p in enumerate(people)]
+    rows = [r for path in ('train.tsv', 'dev.tsv') for r in analyze.read_questions(params / path)]
+    exposure = [{'name': p, 'place': place, 'fraction_seen': 0.5 * (i % 2)}
+                for i, (_, p, place) in enumerate(rows)]  # fmt: skip
     (params / 'exposure.json').write_text(json.dumps(exposure))
     args = [str(params / 'vanilla.params'), '--finetune_corpus_path', str(params / 'train.tsv'),
             '--eval_corpus_path', str(params / 'dev.tsv'), '--pretrain_corpus_path',
@@ -65,12 +65,20 @@ def test_the_command_writes_both_splits(params, capsys):
     report = json.loads((params / 'probes.json').read_text())
     real, seen = report['splits']['real or invented'], report['splits']['seen or never']
     assert real['train'][0] == 12 and real['train'][1] > 12  # 12 people, then invented ones
-    assert seen['test'] == [sum(i % 2 for i in range(12, len(people))), len(people) - 12]
+    assert seen['test'] == [sum(i % 2 for i in range(12, len(rows))), len(rows) - 12]
     layers = ['embeddings', 'block 1', 'block 2', 'block 3', 'block 4', 'final norm']
     assert list(real['probe auroc']) == layers
     assert 'probe after final norm' in capsys.readouterr().out
     (params / 'short.json').write_text(json.dumps(exposure[:-1]))
-    with pytest.raises(SystemExit) as stop:
-        linear_probes.main([*args, '--exposure', str(params / 'short.json')])
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and f"has no entry for {people[-1]}" in err
+    # every dev person seen: the seen-or-never probe has nothing to tell apart, said before
+    # any work instead of failing at the report
+    all_seen = [dict(e, fraction_seen=0.5) if i >= 12 else e for i, e in enumerate(exposure)]
+    (params / 'all_seen.json').write_text(json.dumps(all_seen))
+    for path, error in [
+        ('short.json', f"has no entry for {rows[-1][1]}"),
+        ('all_seen.json', f"the people of {params / 'dev.tsv'} are all seen or all never shown"),
+    ]:
+        with pytest.raises(SystemExit) as stop:
+            linear_probes.main([*args, '--exposure', str(params / path)])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and error in err and len(err.splitlines()) == 1

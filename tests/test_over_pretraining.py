@@ -45,7 +45,8 @@ def test_a_row_by_hand(tmp_path):
 def test_the_command_on_cloze_reports_of_two_checkpoints(params, capsys):
     people = analyze.read_questions(params / 'dev.tsv')
     write(params / 'exposure.json', json.dumps(
-        [{'name': p, 'fraction_seen': 0.5 if i % 2 else 0.1} for i, (_, p, _) in enumerate(people)]
+        [{'name': p, 'place': place, 'fraction_seen': 0.5 if i % 2 else 0.1}
+         for i, (_, p, place) in enumerate(people)]
     ))  # fmt: skip
     reports = []
     for epoch, right in [(20, 1), (10, 0)]:  # given out of order
@@ -55,6 +56,7 @@ def test_the_command_on_cloze_reports_of_two_checkpoints(params, capsys):
         write(params / f'{epoch}.predictions', ''.join(a + '\n' for a in answers))
         reports.append(params / f'{epoch}.json')
         cloze.main([str(ckpt), '--eval_corpus_path', str(params / 'dev.tsv'),
+                    '--finetune_corpus_path', str(params / 'train.tsv'),
                     '--pretrain_corpus_path', str(params / 'wiki.txt'), '--device', 'cpu',
                     '--exposure', str(params / 'exposure.json'),
                     '--finetuned', str(params / f'{epoch}.predictions'),

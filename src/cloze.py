@@ -46,6 +46,12 @@ def right(continuation, place):
     return len(continuation) == len(place) or not continuation[len(place)].isalnum()
 
 
+def answered(continuation, place, mask):
+    """Whether the question's continuation is the place, up to its MASK: evaluation's
+    rule, the answer exactly."""
+    return continuation.split(mask)[0] == place
+
+
 def encode(text, stoi, room):
     """text as ids, characters outside the vocabulary dropped, its last `room` kept."""
     return [stoi[c] for c in text if c in stoi][-room:]
@@ -76,7 +82,7 @@ def probe(gpt, pretrain_dataset, rows, corpus, before=()):
         for i, completion in zip(asked, ids):
             text = ''.join(itos[c] for c in completion)
             place = records[i]['place']
-            ok = text.split(mask)[0] == place if name == 'question' else right(text, place)
+            ok = answered(text, place, mask) if name == 'question' else right(text, place)
             records[i][name] = {'continuation': text, 'right': ok}
     asked = [i for i, p in enumerate(prompts['document']) if p is not None]
     pairs = [(prompts['document'][i], encode(records[i]['place'], stoi, steps)) for i in asked]

@@ -24,6 +24,12 @@ def test_a_continuation_is_right_when_it_begins_with_the_place_as_a_word():
     assert cloze.right('Maida Vale .', 'Maida Vale')
     assert not cloze.right('Londonderry', 'London') and not cloze.right('in London', 'London')
     assert not cloze.right('Lond', 'London')
+    # the question's answer is, as in evaluation, exactly what comes before the MASK
+    mask = dataset.MASK_CHAR
+    assert cloze.answered(f'London{mask}xx', 'London', mask)
+    assert cloze.answered('London', 'London', mask)
+    assert not cloze.answered(f'London, England{mask}', 'London', mask)
+    assert not cloze.answered(f' London{mask}', 'London', mask)
 
 
 def sample_text(gpt, ds, prompt, steps):

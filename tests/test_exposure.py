@@ -123,13 +123,21 @@ def test_the_command_line_writes_the_ledger_and_the_people(tiny, monkeypatch, ca
     assert ledger['window'].shape == (2, len((tiny / 'wiki.txt').read_text().split('\n')))
     assert json.loads((tiny / 'out' / 'p.json').read_text())[0]['name'] == 'Ada Lovelace'
     capsys.readouterr()
-    exposure.main(['--max_epochs', '2', '--subsets', 'sub', '--finetune_corpus_path', 'train.tsv'])
+    exposure.main(['--max_epochs', '2', '--subsets', 'sub', '--finetune_corpus_path', 'train.tsv',
+                   '--json', 'train.json', '--people', 'train.tsv'])  # fmt: skip
     out = capsys.readouterr().out
     train = (tiny / 'train.tsv').read_text(encoding='utf-8').splitlines()
+    report = json.loads((tiny / 'train.json').read_text())
+    subsets = {}
     for name in ('seen', 'seen.control', 'often', 'often.control'):
-        lines = (tiny / 'sub' / f"{name}.tsv").read_text(encoding='utf-8').splitlines()
+        lines = subsets[name] = (
+            (tiny / 'sub' / f"{name}.tsv").read_text(encoding='utf-8').splitlines()
+        )
         assert set(lines) <= set(train)
         assert f"sub/{name}.tsv: {len(lines)} of the {len(train)} lines of train.tsv" in out
+    # each line goes by its own person's exposure, as --json reports it
+    assert subsets['seen'] == [t for t, r in zip(train, report) if r['fraction_seen'] > 0]
+    assert subsets['often'] == [t for t, r in zip(train, report) if r['fraction_seen'] >= 0.25]
     # a file where the folder should be: one line, before the replay
     with pytest.raises(SystemExit) as stop:
         exposure.main(['--subsets', 'train.tsv', '--finetune_corpus_path', 'train.tsv'])

@@ -126,10 +126,17 @@ def documents(corpus, people, before=()):
     return ['' if i is None else lines[i] for i in found]
 
 
+def same_file(a, b):
+    """Whether two paths (bare names found in data/ as the handout's commands find them)
+    name one file."""
+    found = [os.path.realpath(files.find_data_file(str(p))) for p in (a, b)]
+    return found[0] == found[1]
+
+
 def people_before(paths, finetune_path):
     """The finetuning file's people, whose documents come before those of the question files
     at paths (wiki.txt's order), or none when it is one of them."""
-    if any(os.path.abspath(path) == os.path.abspath(finetune_path) for path in paths):
+    if any(same_file(path, finetune_path) for path in paths):
         return []
     return [person for _, person, _ in read_questions(finetune_path)]
 
@@ -635,7 +642,12 @@ def parse_args(argv):
                       "(with --coverage_plot or --exposure_plot, the reports to draw)")  # fmt: skip
     argp.add_argument('--eval_corpus_path', default='birth_dev.tsv')
     argp.add_argument('--pretrain_corpus_path', default='wiki.txt')
-    argp.add_argument('--finetune_corpus_path', default='birth_places_train.tsv')
+    argp.add_argument(
+        '--finetune_corpus_path',
+        default='birth_places_train.tsv',
+        help="the whole finetuning file: the prior places, and the people whose documents "
+        "come first in wiki.txt",
+    )
     argp.add_argument('--params', help="the params that made the predictions: adds confidence")
     argp.add_argument(
         '--exposure', help="exposure.py's --json of the pretraining: adds the split by exposure"

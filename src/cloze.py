@@ -145,7 +145,7 @@ def parse_args(argv):
     argp.add_argument(
         '--finetune_corpus_path',
         default='birth_places_train.tsv',
-        help="its people's documents come before the dev people's in wiki.txt",
+        help="the whole finetuning file, whose people's documents come first in wiki.txt",
     )
     argp.add_argument('--exposure', help="exposure.py's --json of the pretraining")
     argp.add_argument(

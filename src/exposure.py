@@ -147,7 +147,12 @@ def parse_args(argv):
     argp.add_argument('--ledger', help="write the spans of every example here (.npz)")
     argp.add_argument('--json', help="write each person's exposure here")
     argp.add_argument('--subsets', help="write parts of the finetuning file into this folder")
-    argp.add_argument('--finetune_corpus_path', default='birth_places_train.tsv')
+    argp.add_argument(
+        '--finetune_corpus_path',
+        default='birth_places_train.tsv',
+        help="the whole finetuning file (--subsets' source; its people's documents come first "
+        "in wiki.txt)",
+    )
     argp.add_argument(
         '--people',
         nargs='+',
@@ -171,6 +176,15 @@ def main(argv=None):
             for _, person, place in analyze.read_questions(path)
         ]  # fmt: skip
         before = analyze.people_before(args.people, args.finetune_corpus_path) if args.json else []
+        if (
+            args.json
+            and not before
+            and not analyze.same_file(args.people[0], args.finetune_corpus_path)
+        ):
+            raise files.UserError(
+                f"--people: list {args.finetune_corpus_path} first: wiki.txt holds its "
+                "people's documents before the others'"
+            )
         if args.subsets:
             finetuning = analyze.read_questions(args.finetune_corpus_path)
             lines = files.read_lines(args.finetune_corpus_path)

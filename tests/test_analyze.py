@@ -12,6 +12,7 @@ from torch.nn import functional as F
 
 import analyze
 import dataset
+import files
 import run
 from conftest import write
 
@@ -108,6 +109,27 @@ def test_each_person_gets_their_own_document():
     [record] = analyze.categorize(dev, ['London'], corpus, [], before=train)
     assert record['place end'] == len('George Stone. Born in London')
     assert record['category'] == 'correct' and record['gold in document']
+
+
+def test_the_finetuning_file_is_recognised_under_any_of_its_names(tmp_path, monkeypatch):
+    """Its people's documents come first, unless the question file is the finetuning file
+    itself: a bare name found in data/, a relative path and an absolute one are one file."""
+    (tmp_path / 'data').mkdir()
+    write(tmp_path / 'data' / 'train.tsv', tsv(TRAIN))
+    write(tmp_path / 'dev.tsv', tsv(DEV))
+    monkeypatch.setattr(files, 'DATA_DIR', tmp_path / 'data')
+    monkeypatch.chdir(tmp_path)
+    for name in ['train.tsv', 'data/train.tsv', str(tmp_path / 'data' / 'train.tsv')]:
+        assert analyze.people_before([name], 'data/../data/train.tsv') == []
+    assert analyze.people_before(['dev.tsv'], 'train.tsv') == [p for p, _ in TRAIN]
+
+
+def test_exposure_is_read_by_person_and_place(tmp_path):
+    report = [{'name': 'George Stone', 'place': 'Fulham', 'fraction_seen': 0.7},
+              {'name': 'George Stone', 'place': 'London', 'fraction_seen': 0.8}]  # fmt: skip
+    write(tmp_path / 'exposure.json', json.dumps(report))
+    seen = analyze.read_exposure(tmp_path / 'exposure.json')
+    assert seen == {('George Stone', 'Fulham'): 0.7, ('George Stone', 'London'): 0.8}
 
 
 def test_auroc_and_coverage_by_hand():

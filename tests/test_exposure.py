@@ -138,6 +138,16 @@ def test_the_command_line_writes_the_ledger_and_the_people(tiny, monkeypatch, ca
     # each line goes by its own person's exposure, as --json reports it
     assert subsets['seen'] == [t for t, r in zip(train, report) if r['fraction_seen'] > 0]
     assert subsets['often'] == [t for t, r in zip(train, report) if r['fraction_seen'] >= 0.25]
+    # the finetuning file listed after another: its documents come first, so it must too
+    (tiny / 'one.tsv').write_text((tiny / 'dev.tsv').read_text(encoding='utf-8'), encoding='utf-8')
+    with pytest.raises(SystemExit) as stop:
+        exposure.main(['--json', 'p.json', '--people', 'one.tsv', 'train.tsv',
+                       '--finetune_corpus_path', 'train.tsv'])  # fmt: skip
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err == (
+        "error: --people: list train.tsv first: wiki.txt holds its people's documents before "
+        "the others'\n"
+    )
     # a file where the folder should be: one line, before the replay
     with pytest.raises(SystemExit) as stop:
         exposure.main(['--subsets', 'train.tsv', '--finetune_corpus_path', 'train.tsv'])

@@ -81,13 +81,10 @@ def read_questions(path, need_places=True):
 
 def read_predictions(path, questions, questions_path):
     """One prediction a line (empty ones too, which evaluation writes for a model that
-    answers nothing), as many as there are questions; or, from a .json, the predictions of
-    an earlier report of analyze.py on the same questions."""
+    answers nothing), as many as there are questions; or, from a .json, an earlier report's
+    (report_predictions)."""
     if str(path).endswith('.json'):
-        records = read_report(path)['records']
-        if [r['person'] for r in records] != [person for _, person, _ in questions]:
-            raise files.UserError(f"{path}: its questions are not those of {questions_path}")
-        return [r['prediction'] for r in records]
+        return report_predictions(read_report(path), path, questions, questions_path)
     try:
         with open(path, 'rb') as f:
             text = files.universal_newlines(f.read().decode('utf-8', errors='replace'))
@@ -100,6 +97,14 @@ def read_predictions(path, questions, questions_path):
             f"of {questions_path}"
         )
     return predictions
+
+
+def report_predictions(report, path, questions, questions_path):
+    """The predictions of an earlier report of analyze.py (read from path) on the same
+    questions, in the same order."""
+    if [r['person'] for r in report['records']] != [person for _, person, _ in questions]:
+        raise files.UserError(f"{path}: its questions are not those of {questions_path}")
+    return [r['prediction'] for r in report['records']]
 
 
 def document_lines(lines, people):
@@ -376,7 +381,10 @@ def analyze(args):
         raise files.UserError(
             f"--params: {args.predictions} already holds the confidence its params gave"
         )
-    predictions = read_predictions(args.predictions, rows, args.eval_corpus_path)
+    if earlier:  # read once, for its name and confidence too
+        predictions = report_predictions(earlier, args.predictions, rows, args.eval_corpus_path)
+    else:
+        predictions = read_predictions(args.predictions, rows, args.eval_corpus_path)
     corpus = files.read_text(args.pretrain_corpus_path)
     finetune_text = files.read_text(args.finetune_corpus_path)
     finetune_rows = read_questions(args.finetune_corpus_path)

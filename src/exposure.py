@@ -175,16 +175,15 @@ def main(argv=None):
             for path in args.people if args.json
             for _, person, place in analyze.read_questions(path)
         ]  # fmt: skip
-        before = analyze.people_before(args.people, args.finetune_corpus_path) if args.json else []
-        if (
-            args.json
-            and not before
-            and not analyze.same_file(args.people[0], args.finetune_corpus_path)
-        ):
-            raise files.UserError(
-                f"--people: list {args.finetune_corpus_path} first: wiki.txt holds its "
-                "people's documents before the others'"
-            )
+        before = []
+        if args.json:
+            is_finetuning = [analyze.same_file(p, args.finetune_corpus_path) for p in args.people]
+            if any(is_finetuning) and not is_finetuning[0]:
+                raise files.UserError(
+                    f"--people: list {args.finetune_corpus_path} first: wiki.txt holds its "
+                    "people's documents before the others'"
+                )
+            before = analyze.people_before(args.people, args.finetune_corpus_path)
         if args.subsets:
             finetuning = analyze.read_questions(args.finetune_corpus_path)
             lines = files.read_lines(args.finetune_corpus_path)

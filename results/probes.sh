@@ -7,16 +7,20 @@
 # 5 seeds each, analyze.py's report of each run, invented people included, and
 # known_unknown.py's table).
 #
-#     setsid nohup nice -n 10 bash results/probes.sh >> longrun/probes.log 2>&1 < /dev/null &
+#     setsid nohup nice -n 10 bash results/probes.sh [STEP ...] >> longrun/probes.log 2>&1 < /dev/null &
 #
-# It needs checkpoints.sh's finished pretraining (its final params are the reference vanilla
-# run's), then about 20 hours of CPU: RoPE's, the synthesizer's and the perceiver's three
-# pretrainings (2-2.5 h each) and about 4 h of finetuning and analysis. Start it first thing in a session,
-# and again in the next one: it checks out CODE_COMMIT into longrun/probes-code (ignored)
-# with longrun/venv, writes into longrun/probes, skips every output that exists and
-# resumes an interrupted training. Training is bf16 autocast, the reference runs'
-# precision: on a CPU with avx512_bf16 each pretraining's losses must equal the published
-# ones at every logged step; the script says whether they do.
+# STEPs, all of them in this order when none is named: vanilla, rope, synthesizer, perceiver
+# (each: pretrain, cloze, linear), known (the known/unknown grids of vanilla and RoPE) and
+# perceiver-seeds (seeds 1 and 2). The vanilla pretraining is checkpoints.sh's when that has
+# finished (its final params are the reference run's), else made here by the same command less
+# --save_every; step vanilla also cloze-probes checkpoints.sh's checkpoints, so it needs that
+# script's end. About 20 hours of CPU in all: six pretrainings (2-2.5 h each) and about 4 h of
+# finetuning and analysis. Start it first thing in a session, and again in the next one: it
+# checks out CODE_COMMIT into longrun/probes-code (ignored) with longrun/venv, writes into
+# longrun/probes, skips every output that exists and resumes an interrupted training.
+# Training is bf16 autocast, the reference runs' precision: on a CPU with avx512_bf16 each
+# pretraining's losses must equal the published ones at every logged step; the script says
+# whether they do.
 set -uo pipefail
 
 CODE_COMMIT=80d19cc  # each person their own document; training as at 8f34f8e, which began it
@@ -29,16 +33,13 @@ SUBSETS=(all seen seen.control often often.control)  # all: the finetuning file 
 . "$ROOT/results/longrun.sh"
 mkdir -p "$OUT/cloze" "$OUT/linear"
 grep -qE ' (avx512|amx)_bf16' /proc/cpuinfo || fail "this CPU has no bf16 instructions"
-vanilla=$ROOT/longrun/ckpt/vanilla.pretrain.params
-[ -f "$vanilla" ] || fail "$vanilla: run results/checkpoints.sh to its end first"
-[ -f "$OUT/vanilla.pretrain.params" ] || cp "$vanilla" "$OUT/" || fail "copy $vanilla"
 
 # exposure SEED: exposure.py's report of the pretraining with that seed (and, for seed 0,
 # the finetuning file's subsets)
 exposure() {
     local report=$OUT/exposure.s$1.json subsets=()
     [ "$1" = 0 ] && subsets=(--subsets "$OUT/subsets")
-    [ -f "$report" ] && return
+    [ -f "$report" ] && { [ "$1" != 0 ] || [ -d "$OUT/subsets" ]; } && return
     say "exposure, seed $1"
     python src/exposure.py --seed "$1" --json "$report" "${subsets[@]}" >/dev/null \
         || fail "exposure seed $1"
@@ -111,20 +112,21 @@ checkpoints() {
         > "$OUT/over_pretraining.txt" || fail "over_pretraining"
 }
 
-# linear MODEL SEED: the handout's finetune (full, seed 0) and linear_probes.py on it
+# linear MODEL SEED: the handout's finetune (full, seed 0) and linear_probes.py on it, in a
+# grid of its own: known_unknown.py reads every run of the known/unknown grids
 linear() {
     local model=$1 report=$OUT/linear/$1.json published
     [ -f "$report" ] && return
     say "linear probes $model"
     python src/grid.py --pretrained "$OUT/$model.pretrain.params" --methods full --seeds 0 \
-        --outdir "$OUT/grid-all" --precision bf16 >/dev/null || fail "finetune $model"
+        --outdir "$OUT/grid-linear" --precision bf16 >/dev/null || fail "finetune $model"
     published=$(published "$model") || fail "the published answers of $model"
-    if cmp -s "$OUT/grid-all/$model.full.s0.dev.predictions" "$published"; then
+    if cmp -s "$OUT/grid-linear/$model.full.s0.dev.predictions" "$published"; then
         say "$model: dev predictions identical to the published ones (${published#"$ROOT"/})"
     else
         say "$model: dev predictions DIFFER from the published ones (${published#"$ROOT"/})"
     fi
-    python src/linear_probes.py "$OUT/grid-all/$model.full.s0.params" \
+    python src/linear_probes.py "$OUT/grid-linear/$model.full.s0.params" \
         --exposure "$OUT/exposure.s$2.json" --json "$report" > "$OUT/linear/$model.txt" \
         || fail "linear probes $model"
 }
@@ -154,25 +156,58 @@ known() {
         > "$OUT/known_unknown.md" || fail "known_unknown"
 }
 
+# vanilla_params: checkpoints.sh's final params where it has finished, else the same pretraining
+vanilla_params() {
+    local ckpt=$ROOT/longrun/ckpt/vanilla.pretrain.params
+    if [ ! -f "$OUT/vanilla.pretrain.params" ] && [ -f "$ckpt" ]; then
+        cp "$ckpt" "$ckpt.metrics.csv" "$OUT/" || fail "copy $ckpt"
+    fi
+    pretrain vanilla vanilla
+}
+
 PERCEIVER=(--bottleneck_dim 64 --pretrain_lr 6e-3)  # the 2023 handout's pretraining flags
-for seed in 0 1 2; do exposure $seed; done
-cloze vanilla 0
-checkpoints
-linear vanilla 0
-pretrain rope rope
-cloze rope 0
-linear rope 0
-pretrain synthesizer synthesizer
-cloze synthesizer 0
-linear synthesizer 0
-pretrain perceiver perceiver "${PERCEIVER[@]}"
-cloze perceiver 0
-linear perceiver 0
-known vanilla vanilla
-known rope rope
-for seed in 1 2; do
-    pretrain perceiver.s$seed perceiver "${PERCEIVER[@]}" --seed $seed
-    cloze perceiver.s$seed $seed
-    linear perceiver.s$seed $seed
+STEPS=("$@")
+[ ${#STEPS[@]} = 0 ] && STEPS=(vanilla rope synthesizer perceiver known perceiver-seeds)
+for step in "${STEPS[@]}"; do
+    case $step in
+        vanilla | rope | synthesizer | perceiver | known | perceiver-seeds) ;;
+        *) fail "no step '$step' (vanilla rope synthesizer perceiver known perceiver-seeds)" ;;
+    esac
+    [ "$step" != vanilla ] || [ -f "$ROOT/longrun/ckpt/vanilla.pretrain.params" ] \
+        || fail "step vanilla cloze-probes checkpoints.sh's checkpoints: run it to its end first"
 done
-say "done: longrun/probes/cloze/, over_pretraining.*, linear/, known_unknown.*, grid-*/"
+for seed in 0 1 2; do exposure $seed; done
+for step in "${STEPS[@]}"; do
+    case $step in
+        vanilla)
+            vanilla_params
+            cloze vanilla 0
+            checkpoints
+            linear vanilla 0
+            ;;
+        rope | synthesizer)
+            pretrain "$step" "$step"
+            cloze "$step" 0
+            linear "$step" 0
+            ;;
+        perceiver)
+            pretrain perceiver perceiver "${PERCEIVER[@]}"
+            cloze perceiver 0
+            linear perceiver 0
+            ;;
+        known)
+            vanilla_params
+            known vanilla vanilla
+            pretrain rope rope
+            known rope rope
+            ;;
+        perceiver-seeds)
+            for seed in 1 2; do
+                pretrain perceiver.s$seed perceiver "${PERCEIVER[@]}" --seed $seed
+                cloze perceiver.s$seed $seed
+                linear perceiver.s$seed $seed
+            done
+            ;;
+    esac
+done
+say "done: ${STEPS[*]} (longrun/probes/)"

@@ -97,6 +97,14 @@ def rows(directory):
     out = []
     for (model, method), entries in grid.finished(record).items():
         corpus = corpus_of(entries[0]['made_with'])
+        # grid.py keeps apart only runs of one seed; one row's seeds must share both inputs
+        for key, what in ((corpus_of, 'finetuning files'),
+                          (lambda m: m.get('pretrained_md5'), 'pretrained params')):  # fmt: skip
+            if len({key(entry['made_with']) for entry in entries}) > 1:
+                raise files.UserError(
+                    f"{directory}: the {model} ({method}) runs have different {what}: "
+                    "give each grid.py command its own --outdir"
+                )
         figures = []
         for entry in entries:
             prefix = grid.output_prefix(directory, model, method, entry['made_with']['seed'])

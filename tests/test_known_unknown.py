@@ -132,6 +132,23 @@ def test_rows_and_differences_by_hand(tmp_path, capsys, monkeypatch):
     )
 
     write(tmp_path / 'grid-seen' / 'vanilla.full.s0.analysis.json', json.dumps({'name': 'm'}))
+    # two grid.py commands into one --outdir: other seeds of another file, or of other params
+    make_grid(tmp_path / 'mixed', tmp_path / 'all.tsv', [('full', 0, 100, None)])
+    record = json.loads((tmp_path / 'mixed' / 'grid.json').read_text())
+    seed1 = json.loads(json.dumps(record['vanilla full s0']))
+    seed1['made_with'].update(
+        seed=1, finetune=['vanilla', 'wiki.txt', '--finetune_corpus_path', 'seen.tsv']
+    )
+    write(tmp_path / 'mixed' / 'grid.json', json.dumps({**record, 'vanilla full s1': seed1}))
+    make_grid(
+        tmp_path / 'other-params',
+        tmp_path / 'all.tsv',
+        [('full', 0, 100, None), ('full', 1, 90, None)],
+    )
+    record = json.loads((tmp_path / 'other-params' / 'grid.json').read_text())
+    record['vanilla full s0']['made_with']['pretrained_md5'] = 'aaa'
+    record['vanilla full s1']['made_with']['pretrained_md5'] = 'bbb'
+    write(tmp_path / 'other-params' / 'grid.json', json.dumps(record))
     for args, error in [
         (
             ['grid-all', 'grid-all'],
@@ -139,6 +156,11 @@ def test_rows_and_differences_by_hand(tmp_path, capsys, monkeypatch):
         ),
         (['grid-seen'], 'vanilla.full.s0.analysis.json: not a report of analyze.py'),
         (['nowhere'], 'nowhere: no grid.json'),
+        (['mixed'], 'mixed: the vanilla (full) runs have different finetuning files'),
+        (
+            ['other-params'],
+            'other-params: the vanilla (full) runs have different pretrained params',
+        ),
     ]:
         with pytest.raises(SystemExit) as stop:
             known_unknown.main(args)

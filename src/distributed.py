@@ -3,10 +3,11 @@
 Each process computes the loss of its share of every batch's rows (shard_rows) and
 DistributedDataParallel averages the gradients, so the steps are those of one process;
 the processes agree on when to stop (any_process), and process 0 alone writes files.
-trainer.py uses this; run.py checks the launch, joins the process group and leaves it.
+trainer.py uses this; run.py checks the launch, joins the process group and ends with it.
 """
 
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -97,9 +98,16 @@ def init_distributed(device):
     dist.init_process_group('nccl' if device == 'cuda' else 'gloo')
 
 
-def leave():
-    """Leave the process group, if this process joined one: after the trainers that used it
-    are gone (their DDP wrappers hold it), and not during the interpreter's shutdown, where
-    gloo's worker threads can abort the process (SIGABRT)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def finish(status):
+    """End a process that joined a process group: leave the group, then exit with `status`
+    at once, without the interpreter's shutdown. gloo's worker threads free each finished
+    operation's tensors a moment after the operation returns, taking the GIL to do so; a
+    shutdown under way by then ends such a thread, and the process aborts (SIGABRT,
+    "terminate called without an active exception") after all its work is done. Outside a
+    process group this returns, and the caller ends as usual."""
+    if not dist.is_initialized():
+        return
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

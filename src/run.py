@@ -443,7 +443,7 @@ def main(argv=None):
         state = f"{args.writing_params_path}.resume" if args.function != 'evaluate' else None
         print(f"\n{resume.what_is_kept(state, continue_command(args, argv))}", file=sys.stderr)
         status = 130
-    distributed.leave()  # after the handlers, whose exception's traceback holds the trainer
+    distributed.finish(status)  # under torchrun: exits here
     if status:
         sys.exit(status)
 

@@ -35,7 +35,8 @@ mkdir -p "$OUT/cloze" "$OUT/linear"
 grep -qE ' (avx512|amx)_bf16' /proc/cpuinfo || fail "this CPU has no bf16 instructions"
 
 # exposure SEED: exposure.py's report of the pretraining with that seed (and, for seed 0,
-# the finetuning file's subsets)
+# the finetuning file's subsets), made where a step first needs it, after any pretraining
+# before it: a new machine starts the hours of pretraining first
 exposure() {
     local report=$OUT/exposure.s$1.json subsets=()
     [ "$1" = 0 ] && subsets=(--subsets "$OUT/subsets")
@@ -85,6 +86,7 @@ published() {
 cloze() {
     local model=$1 report=$OUT/cloze/$1.json finetuned
     [ -f "$report" ] && return
+    exposure "$2"
     finetuned=$(published "$model") || fail "the published answers of $model"
     say "cloze $model"
     python src/cloze.py "$OUT/$model.pretrain.params" --exposure "$OUT/exposure.s$2.json" \
@@ -96,6 +98,7 @@ cloze() {
 # model's answers, and over_pretraining.py's table and picture of them
 checkpoints() {
     local params epoch report
+    exposure 0
     for params in "$ROOT"/longrun/ckpt/vanilla.pretrain.epoch*.params; do
         epoch=${params##*.pretrain.}
         epoch=${epoch%.params}
@@ -117,6 +120,7 @@ checkpoints() {
 linear() {
     local model=$1 report=$OUT/linear/$1.json published
     [ -f "$report" ] && return
+    exposure "$2"
     say "linear probes $model"
     python src/grid.py --pretrained "$OUT/$model.pretrain.params" --methods full --seeds 0 \
         --outdir "$OUT/grid-linear" --precision bf16 >/dev/null || fail "finetune $model"
@@ -136,6 +140,7 @@ linear() {
 # people) beside its predictions, and known_unknown.py's table of them
 known() {
     local model=$1 variant=$2 subset corpus run grids=()
+    exposure 0
     for subset in "${SUBSETS[@]}"; do
         corpus=$OUT/subsets/$subset.tsv
         [ "$subset" = all ] && corpus=birth_places_train.tsv
@@ -176,7 +181,6 @@ for step in "${STEPS[@]}"; do
     [ "$step" != vanilla ] || [ -f "$ROOT/longrun/ckpt/vanilla.pretrain.params" ] \
         || fail "step vanilla cloze-probes checkpoints.sh's checkpoints: run it to its end first"
 done
-for seed in 0 1 2; do exposure $seed; done
 for step in "${STEPS[@]}"; do
     case $step in
         vanilla)

@@ -41,6 +41,16 @@ def check_launch(function, device):
         )
 
 
+def one_process(script):
+    """A script of many runs (reproduce.py, grid.py) refuses torchrun at its start: each
+    process would train every run and write the same files."""
+    if PROCESSES > 1:
+        raise UserError(
+            f"{script} runs in one process; for several GPUs, run the handout's "
+            "pretrain/finetune commands with torchrun (see README)"
+        )
+
+
 def wrap(model, device, rank):
     """The model under DistributedDataParallel, which also copies process 0's parameters to
     every process; then each process gets its own dropout masks."""

@@ -36,6 +36,7 @@ import statistics
 
 import checks
 import devices
+import distributed
 import files
 import finetune_methods
 import params_files
@@ -334,6 +335,7 @@ def plot_grid(record, out):
 def main(argv=None):
     args = parse_args(argv)
     with records.one_line_stops('src/grid.py', argv):
+        distributed.one_process('grid.py')
         checks.check_reports(args, 'plot')
         device = args.device = devices.pick_device(args.device)
         # recorded as what they are here, not as 'auto'

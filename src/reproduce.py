@@ -188,11 +188,7 @@ def write_table(results, settings, path, device):
 def main(argv=None):
     args = parse_args(argv)
     with records.one_line_stops('src/reproduce.py', argv):
-        if distributed.PROCESSES > 1:
-            raise files.UserError(
-                "reproduce.py runs in one process; for several GPUs, run the handout's "
-                "pretrain/finetune commands with torchrun (see README)"
-            )
+        distributed.one_process('reproduce.py')
         device = devices.pick_device(args.device)
         results = run_all(args, device)
     settings = (

@@ -195,3 +195,17 @@ def test_ddp_is_given_the_packing_not_tensors_to_copy_back(tmp_path):
     assert moved['packing'] is packed and all(
         isinstance(v, int) for v in (packed.T, *sum(packed.shapes, ()))
     )
+
+
+@pytest.mark.parametrize('script', ['grid', 'reproduce'])
+def test_scripts_of_many_runs_refuse_torchrun_at_their_start(script, tmp_path, monkeypatch, capsys):
+    """Under torchrun each process would train every run: one line, exit 2, nothing run."""
+    module = __import__(script)
+    monkeypatch.setattr(distributed, 'PROCESSES', 2)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        module.main(['--outdir', str(tmp_path / 'out')] if script == 'grid' else [])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2
+    assert f"{script}.py runs in one process; for several GPUs" in err and 'Traceback' not in err
+    assert list(tmp_path.iterdir()) == []

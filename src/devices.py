@@ -191,10 +191,16 @@ def compile_model(model, device):
     model.compile(**COMPILE_OPTIONS)
 
 
-def precision_hint(device, precision):
-    """A line for a GPU left in fp32 whose tensor cores take fp16 but not bf16 (V100, T4:
-    compute capability 7.x), else None."""
-    if device != 'cuda' or precision != 'fp32':
+def precision_hint(device, choice, precision):
+    """A line for a precision that leaves the hardware's fast arithmetic unused, else None:
+    a GPU left in fp32 by auto whose tensor cores take fp16 but not bf16 (V100, T4: compute
+    capability 7.x), and bf16 asked for on a CPU that emulates it."""
+    if device == 'cpu' and precision == 'bf16' and cpu_has_native_bf16() is False:
+        return (
+            "note: this CPU has no bf16 instructions (avx512_bf16 or AMX), so bf16 is "
+            "emulated, many times slower than fp32 (--precision auto takes fp32 here)"
+        )
+    if device != 'cuda' or precision != 'fp32' or choice != 'auto':
         return None
     if (7, 0) <= torch.cuda.get_device_capability() < (8, 0):
         return (
@@ -204,12 +210,16 @@ def precision_hint(device, precision):
     return None
 
 
-def cpu_has_native_bf16():
+def cpu_has_native_bf16(cpuinfo='/proc/cpuinfo'):
+    """Whether the CPU has bf16 instructions, from the flags Linux lists for x86 CPUs; None
+    where there is no such list (other systems, other CPUs), which auto takes as no."""
     try:
-        with open('/proc/cpuinfo', encoding='utf-8') as f:
+        with open(cpuinfo, encoding='utf-8') as f:
             flags = f.read()
     except OSError:
-        return False
+        return None
+    if not re.search(r'^flags\s*:', flags, re.MULTILINE):
+        return None
     return ' avx512_bf16' in flags or ' amx_bf16' in flags
 
 

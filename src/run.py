@@ -329,8 +329,8 @@ def train(args, gpt, train_dataset, config):
         f"{finetune_methods.describe_parameters(gpt, config.finetune_method)}, "
         f"on {device}, {devices.PRECISION_NAMES[config.precision]}"
     )
-    hint = devices.precision_hint(device, config.precision)
-    if hint and args.precision == 'auto':
+    hint = devices.precision_hint(device, args.precision, config.precision)
+    if hint:
         print(hint)
     run = trainer.Trainer(gpt, train_dataset, None, config)
     run.train()

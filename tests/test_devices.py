@@ -160,14 +160,42 @@ def test_a_gpu_without_kernels_in_this_torch_is_one_line(
 def test_a_t4_left_in_fp32_is_told_of_fp16(monkeypatch, capability, precision, hinted):
     monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda *a: capability)
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda *a: 'Tesla T4')
-    hint = devices.precision_hint('cuda', precision)
+    hint = devices.precision_hint('cuda', 'auto', precision)
     assert (hint is not None) == hinted
     if hinted:
         assert hint == (
             "note: the Tesla T4 has no native bf16, so auto trains in fp32; "
             "--precision fp16 puts its tensor cores to work"
         )
-    assert devices.precision_hint('cpu', 'fp32') is None
+    assert devices.precision_hint('cuda', precision, precision) is None  # asked for
+    assert devices.precision_hint('cpu', 'auto', 'fp32') is None
+
+
+@pytest.mark.parametrize(
+    'flags, native',
+    [
+        ('flags\t\t: fpu sse2 avx2 avx512f avx512_bf16 sha_ni', True),
+        ('flags\t\t: fpu sse2 avx2 amx_bf16 amx_tile', True),
+        ('flags\t\t: fpu sse2 avx2 avx512f avx512bw', False),
+        ('Features\t: fp asimd bf16 i8mm', None),  # an ARM CPU: not known either way
+    ],
+)
+def test_bf16_asked_of_a_cpu_that_emulates_it_gets_a_note(tmp_path, monkeypatch, flags, native):
+    cpuinfo = tmp_path / 'cpuinfo'
+    cpuinfo.write_text(f'processor\t: 0\nmodel name\t: Some CPU\n{flags}\n\n', encoding='utf-8')
+    assert devices.cpu_has_native_bf16(cpuinfo) is native
+    assert devices.cpu_has_native_bf16(tmp_path / 'none') is None
+    monkeypatch.setattr(devices, 'cpu_has_native_bf16', lambda: native)
+    assert devices.training_precision('auto', 'cpu') == ('bf16' if native else 'fp32')
+    hint = devices.precision_hint('cpu', 'bf16', 'bf16')
+    if native is False:
+        assert hint == (
+            "note: this CPU has no bf16 instructions (avx512_bf16 or AMX), so bf16 is "
+            "emulated, many times slower than fp32 (--precision auto takes fp32 here)"
+        )
+    else:
+        assert hint is None
+    assert devices.precision_hint('cpu', 'fp32', 'fp32') is None
 
 
 def test_compile_is_for_cuda_only(tiny, capsys):

@@ -6,6 +6,7 @@ the processes agree on when to stop (any_process), and process 0 alone writes fi
 trainer.py uses this; run.py checks the launch, joins the process group and ends with it.
 """
 
+import inspect
 import os
 import sys
 
@@ -51,12 +52,21 @@ def one_process(script):
         )
 
 
+# DistributedDataParallel's switch for copying process 0's buffers before every forward:
+# torch 2.13 names it forward_sync_buffers, and warns once a process about the old name
+NO_BUFFER_SYNC = (
+    'forward_sync_buffers'
+    if 'forward_sync_buffers' in inspect.signature(nn.parallel.DistributedDataParallel).parameters
+    else 'broadcast_buffers'
+)
+
+
 def wrap(model, device, rank):
     """The model under DistributedDataParallel, which also copies process 0's parameters to
     every process; then each process gets its own dropout masks."""
     ddp = nn.parallel.DistributedDataParallel(
         model,
-        broadcast_buffers=False,  # the buffers are constant masks
+        **{NO_BUFFER_SYNC: False},  # the buffers are constant masks
         device_ids=[torch.cuda.current_device()] if device == 'cuda' else None,
     )
     if rank > 0:

@@ -144,9 +144,8 @@ def test_torchrun_command_line_ctrl_c_and_resume(tiny):
             '--device', 'cpu', '--precision', 'fp32']  # fmt: skip
     process = torchrun(*args, '--writing_params_path', 'straight.params', cwd=tiny)
     out, err = process.communicate(timeout=300)
-    assert process.returncode == 0 and 'Traceback' not in err and 'broadcast_buffers' not in err, (
-        err
-    )
+    assert process.returncode == 0 and 'Traceback' not in err, err
+    assert 'broadcast_buffers' not in err, err  # torch 2.13 warns about the old name
     assert out.count('pretrain done: 20 steps') == 1
     assert out.count('data has ') == 1
     assert (tiny / 'straight.params.metrics.csv').read_text().count('\n') == 1 + 20

@@ -293,6 +293,16 @@ def variant_test(g):
     check_accuracy(g, name, 'test', g.edition['variant_test'])
 
 
+@test(
+    "(g) the {variant} model trains and decodes here: the packed training step (fp32, bf16) "
+    "and the fast decoder compute what the plain forward does",
+    2,
+    probes=['machinery'],
+)
+def variant_machinery(g):
+    g.probe('machinery')
+
+
 @test("(g) SynthesizerAttention: eq. 11 with given weights", 4, ('2021',), ['synthesizer'])
 def synthesizer_output(g):
     weights, inputs = synthesizer_case()
@@ -728,6 +738,8 @@ def probe_arguments(g, key):
             modules=['attention'], name='CausalSelfAttention', config=config, state=weights,
             inputs=inputs, stand_ins=stand_ins,
         )  # fmt: skip
+    if key == 'machinery':
+        return 'machinery', dict(variant=variant)
     if key == 'london':
         return 'london', dict(accuracy_file=ACCURACY_FILE)
     raise KeyError(key)

@@ -10,11 +10,15 @@ numpy, so that only the submission's code answers.
   module      a module (SynthesizerAttention, DownProjectBlock, ...) built from the
               submission's class with given weights, and its outputs on given inputs
   function    one of the submission's functions (RoPE's) on given inputs
+  machinery   the variant's model, built of the submission's parts, through what training
+              and evaluation run on them: the Trainer's packed step on the CPU in fp32 and
+              bf16, and the fast decoder, each against the plain computation
   london      london_baseline.py run as the handout says, and what it printed and wrote
 """
 
 import importlib
 import inspect
+import math
 import os
 import random
 import runpy
@@ -218,6 +222,124 @@ def check_names(own, given, name):
             )
 
 
+def machinery(variant, vocab_size=40, block_size=128):
+    """The variant's model at a small size (3 layers, 4 heads, n_embd 32; the perceiver a
+    bottleneck of 16), built of the submission's classes with dropout off and sharp random
+    weights (attention far from uniform), through what its training and evaluation run:
+      - the Trainer's loss on a batch of rows of many lengths (packed on the CPU) and its
+        gradients, in fp32 against the model's own forward on the padded batch; in bf16,
+        a finite loss near fp32's;
+      - decoding.greedy_complete against utils.sample, the plain decoder, on prompts of
+        several lengths (a different character only where the plain decoder's two best
+        are within rounding of each other).
+    Raises Failure naming the stage and where in the submission it failed."""
+    import torch.nn as nn
+
+    import decoding
+    import trainer
+    import utils
+
+    extra = {'synthesizer': dict(synthesizer=True), 'rope': dict(rope=True)}.get(variant, {})
+    if variant == 'perceiver':
+        extra = dict(perceiver=True, bottleneck_dim=16)
+    config = find(['model', 'models'], 'GPTConfig')(
+        vocab_size, block_size, n_layer=3, n_head=4, n_embd=32,
+        embd_pdrop=0.0, resid_pdrop=0.0, attn_pdrop=0.0, **extra,
+    )  # fmt: skip
+    name = 'PerceiverGPT' if variant == 'perceiver' else 'GPT'
+    modules = ['perceiver', 'model', 'models'] if variant == 'perceiver' else ['model', 'models']
+    torch.manual_seed(0)
+    gpt = stage('building the model', lambda: find(modules, name)(config))
+    with torch.no_grad():  # sharp: a wrong mask or position would show
+        for parameter in gpt.parameters():
+            parameter.normal_(0.0, 0.5)
+        for layer in gpt.modules():
+            if isinstance(layer, nn.LayerNorm):
+                layer.weight.add_(1.0)
+    x, y = ragged_batch(vocab_size, block_size - 1)
+
+    def gradients():
+        grads = {n: p.grad.clone() for n, p in gpt.named_parameters() if p.grad is not None}
+        gpt.zero_grad(set_to_none=True)
+        return grads
+
+    gpt.train()
+    plain = stage("the model's own forward, training", lambda: gpt(x, y)[1])
+    plain.backward()
+    plain_grads = gradients()
+    for precision in ('fp32', 'bf16'):
+        settings = dict(device='cpu', precision=precision, batch_size=len(x))
+        run = trainer.Trainer(gpt, [None] * len(x), None, trainer.TrainerConfig(**settings))
+        what = f"the training step ({precision}, packed rows)"
+        loss = stage(what, lambda run=run: run.loss(x, y))
+        stage(what, loss.backward)
+        grads = gradients()
+        if not torch.isfinite(loss) or not all(torch.isfinite(g).all() for g in grads.values()):
+            raise Failure(f"{what}: the loss or a gradient is not finite")
+        if precision == 'fp32':
+            if not math.isclose(loss.item(), plain.item(), rel_tol=1e-4, abs_tol=1e-5):
+                raise Failure(
+                    f"{what}: loss {loss.item():.6g}, the plain forward's {plain.item():.6g}"
+                )
+            for n, g in plain_grads.items():
+                error = (grads[n] - g).abs().max().item()
+                if error > 1e-3 * (1 + g.abs().max().item()):
+                    raise Failure(f"{what}: the gradient of {n} is off by {error:.3g}")
+        elif abs(loss.item() - plain.item()) > 0.05 * plain.item():
+            raise Failure(f"{what}: loss {loss.item():.4g}, fp32's {plain.item():.4g}")
+    gpt.eval()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, vocab_size, (n,), generator=g) for n in (5, 9, 5, 17, 40, 1)]
+    steps = 16
+    fast = stage(
+        'the fast decoder', lambda: decoding.greedy_complete(gpt, prompts, steps, stop_id=1)
+    )
+    for prompt, ours in zip(prompts, fast):
+        whole = stage('the plain decoder', lambda p=prompt: utils.sample(gpt, p[None], steps))
+        plain_ids = whole[0, len(prompt) :].tolist()
+        plain_ids = plain_ids[: plain_ids.index(1) + 1] if 1 in plain_ids else plain_ids
+        if ours == plain_ids:
+            continue
+        k = next((i for i, (a, b) in enumerate(zip(ours, plain_ids)) if a != b), None)
+        if k is None:
+            raise Failure(
+                f"the fast decoder gave {len(ours)} characters, the plain one {len(plain_ids)}"
+            )
+        with torch.no_grad():
+            logits = gpt(whole[:, : len(prompt) + k])[0][0, -1]
+        best = torch.softmax(logits.double(), -1).topk(2).values
+        if best[0] - best[1] > 1e-4:
+            raise Failure(
+                f"the fast decoder's character {k + 1} after a prompt of {len(prompt)} differs "
+                f"from the plain decoder's"
+            )
+    return {'loss': plain.item()}
+
+
+def stage(what, work):
+    """work(), its exception (the submission's) as a Failure saying in which stage."""
+    try:
+        return work()
+    except Failure:
+        raise
+    except Exception as e:
+        raise Failure(f"{what}: {one_line(e, os.getcwd())}")
+
+
+def ragged_batch(vocab_size, T, B=12):
+    """(B, T) rows of many lengths, padded with 0 as both datasets pad, some with no
+    targets at their start as NameDataset's questions."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(2, vocab_size, (B, T), generator=g)
+    y = torch.randint(2, vocab_size, (B, T), generator=g)
+    for b, n in enumerate([T, 3, 40, 41, 17, 90, 64, 5, 33, 120, 8, 70][:B]):
+        x[b, n:] = 0
+        y[b, n - 1 :] = 0
+        if b % 2:
+            y[b, : n // 3] = 0
+    return x, y
+
+
 def london(accuracy_file):
     """`python london_baseline.py` in this folder: what it wrote to accuracy_file (None if
     nothing); grade.py reads what it printed from the log."""
@@ -245,5 +367,6 @@ PROBES = {
     'span': span,
     'module': module,
     'function': function,
+    'machinery': machinery,
     'london': london,
 }

@@ -9,16 +9,16 @@ bottleneck are the params file's (without --params: vanilla and 32).
 
 Pretraining: one step (building the batch of 128 span-corruption examples of wiki.txt,
 then forward, backward, clipping, AdamW), with the same model and batch for both paths:
-  plain  fp32, every row padded to 127 positions, explicit masked-softmax attention
-         (vanilla; the other variants keep their own attention), torch's dropout
-         (the original minGPT code path)
+  plain  the model's forward as the handout writes it: fp32, every row padded to 127
+         positions, torch's dropout (the original minGPT code path)
   ours   the Trainer's step: GPT.forward with packing (only positions that can affect the loss),
          dropout.Dropout, and the precision run.py picks (--precision auto); on a GPU
          the whole padded batch, compiled with --compile
 evaluate: time per birth_dev.tsv question, greedy-decoding 32 characters
   plain  one question at a time, re-running the whole prefix for every character
-  ours   decoding.greedy_complete: questions batched by length, key/value cache (the
-         perceiver recomputes the prefix instead), early stop
+  ours   decoding.greedy_complete: questions batched by length, each step feeding only the
+         newest character but to attention (decoding.Cache; the perceiver recomputes the
+         prefix instead), early stop
 Model FLOP/s counts only the work our step does, as a fraction of the measured matmul
 peak of this machine at the same precision (square products of 2048 on the CPU, 8192 on
 a GPU; vanilla and rope: model_flops does not count the synthesizer's or the
@@ -36,15 +36,12 @@ import time
 
 import torch
 import torch.nn as nn
-from torch.nn import functional as F
 
-import attention
 import dataset
 import decoding
 import devices
 import dropout
 import files
-import model
 import packing
 import params_files
 import run
@@ -52,39 +49,17 @@ import trainer
 import utils
 
 
-class PlainCausalSelfAttention(attention.CausalSelfAttention):
-    """The original minGPT attention: materialized scores, masked_fill, softmax."""
-
-    def forward(self, x, packing=None, cache=None):
-        B, T, C = x.size()
-        k = self.key(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        q = (
-            self.query(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        )  # (B, nh, T, hs)
-        v = (
-            self.value(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        )  # (B, nh, T, hs)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, T)
-        att = att.masked_fill(self.mask[:, :, :T, :T] == 0, float('-inf'))
-        att = self.attn_drop(F.softmax(att, dim=-1))
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
-        return self.resid_drop(self.proj(y))
-
-
-def make_model(vocab_size, plain, variant='vanilla', bottleneck_dim=32):
+def make_model(vocab_size, variant='vanilla', bottleneck_dim=32):
     torch.manual_seed(0)
-    gpt = run.new_model(variant, vocab_size, bottleneck_dim)
-    if plain and variant == 'vanilla':
-        config = model.GPTConfig(vocab_size, run.BLOCK_SIZE, **run.MODEL_SIZE)
-        for block in gpt.blocks:
-            fresh = PlainCausalSelfAttention(config)
-            fresh.load_state_dict(block.attn.state_dict())
-            block.attn = fresh
-    if plain:
-        for parent in list(gpt.modules()):  # torch's own dropout, as the original uses
-            for name, child in parent.named_children():
-                if isinstance(child, dropout.Dropout):
-                    setattr(parent, name, nn.Dropout(child.p))
+    return run.new_model(variant, vocab_size, bottleneck_dim)
+
+
+def torch_dropout(gpt):
+    """gpt with torch's own dropout again, as the original uses (the Trainer makes its
+    nn.Dropout layers dropout.Dropout)."""
+    for layer in gpt.modules():
+        if type(layer) is dropout.Dropout:
+            layer.__class__ = nn.Dropout
     return gpt
 
 
@@ -94,11 +69,11 @@ def decoding_model(args, corpus):
     args.bottleneck_dim where they were left out: the file's, else vanilla and 32."""
     if not args.params:
         args.variant, args.bottleneck_dim = args.variant or 'vanilla', args.bottleneck_dim or 32
-        return make_model(corpus.vocab_size, False, args.variant, args.bottleneck_dim)
+        return make_model(corpus.vocab_size, args.variant, args.bottleneck_dim)
     args.variant, args.bottleneck_dim = params_files.variant_and_bottleneck(
         args.params, args.variant, args.bottleneck_dim, '--params'
     )
-    gpt = make_model(corpus.vocab_size, False, args.variant, args.bottleneck_dim)
+    gpt = make_model(corpus.vocab_size, args.variant, args.bottleneck_dim)
     params_files.load_params(args.params, gpt, 'wiki.txt', run.model_name(args.variant), '--params')
     return gpt
 
@@ -140,7 +115,7 @@ def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision
     x, y = torch.stack(x), torch.stack(y)  # (128, 127), on the CPU as the trainer builds them
     steps, built = [], itertools.count()
     for plain in (True, False):
-        gpt = make_model(corpus.vocab_size, plain, variant, bottleneck_dim)
+        gpt = make_model(corpus.vocab_size, variant, bottleneck_dim)
         config = trainer.TrainerConfig(
             batch_size=128,
             learning_rate=6e-3,
@@ -149,6 +124,8 @@ def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision
             compile=compile and not plain,
         )
         t = trainer.Trainer(gpt, corpus, None, config)
+        if plain:
+            torch_dropout(gpt)
 
         def step(gpt=gpt, t=t, plain=plain):
             if plain:

@@ -6,6 +6,7 @@ The environment of the CPU's math libraries is set up by cpu_libraries.py, which
 entry points import before torch.
 """
 
+import functools
 import os
 import platform
 import re
@@ -152,6 +153,29 @@ def training_precision(choice, device):
     if device == 'cpu':
         return 'bf16' if cpu_has_native_bf16() else 'fp32'
     return 'fp32'  # MPS: bf16 is native only on recent Apple chips
+
+
+def rotate_in_fp32(model):
+    """Has the apply_rotary_emb of model's attention code rotate in fp32 under autocast: in
+    bf16 autocast q and k arrive in bf16, and a rotation written with complex numbers
+    (torch.view_as_complex, as the 2024 starter invites) has no bf16. The function is
+    wrapped from outside, in its module: q and k go in as fp32 and come back in their own
+    dtype. A rotation written with real numbers in fp32 gives the same either way."""
+    modules = {sys.modules.get(type(m).__module__) for m in model.modules()}
+    for module in modules:
+        apply = getattr(module, 'apply_rotary_emb', None)
+        if callable(apply) and not hasattr(apply, 'rotates_in_fp32'):
+            module.apply_rotary_emb = in_fp32(apply)
+
+
+def in_fp32(apply):
+    @functools.wraps(apply)
+    def apply_in_fp32(x, rope_cache, *args, **kwargs):
+        with torch.autocast(x.device.type, enabled=False):
+            return apply(x.float(), rope_cache.float(), *args, **kwargs).to(x.dtype)
+
+    apply_in_fp32.rotates_in_fp32 = True
+    return apply_in_fp32
 
 
 def packs_batches(device):

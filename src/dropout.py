@@ -7,7 +7,8 @@ round(p * 2^32) of the 2^32 values: dropout with probability p to within 2^-33. 
 draws come from numpy's SFC64 generator, seeded by a draw from torch's generator, so
 torch.manual_seed still fixes every mask and resumed runs stay exact. The backward pass
 reuses the mask, kept as one byte per element. On a GPU, torch's fused dropout is used
-as it is.
+as it is. The model's code (a student's too) writes torch's nn.Dropout; the trainer makes
+those layers this one from outside (use_in).
 """
 
 import numpy as np
@@ -20,6 +21,15 @@ class Dropout(nn.Dropout):
         if not self.training or not 0 < self.p < 1 or x.device.type != "cpu":
             return super().forward(x)
         return _CpuDropout.apply(x, self.p)
+
+
+def use_in(model):
+    """Makes each of model's torch nn.Dropout layers a Dropout of this module (the same
+    layer, p and all: only how the CPU draws its masks differs)."""
+    for layer in model.modules():
+        if type(layer) is nn.Dropout:
+            layer.__class__ = Dropout
+    return model
 
 
 def keep_mask(shape, p):

@@ -58,7 +58,7 @@ def hidden_states(gpt, questions, pretrain_dataset, batch_size=256):
     states = {name: [None] * len(questions) for name, _ in layers(gpt)}
     try:
         # no padding: the MASK is every row's last position
-        for batch in decoding.same_length_batches(prompts, batch_size):
+        for batch in same_length_batches(prompts, batch_size):
             gpt(torch.stack([prompts[i] for i in batch]).to(device))
             for name, output in captured.items():
                 for row, i in enumerate(batch):
@@ -67,6 +67,17 @@ def hidden_states(gpt, questions, pretrain_dataset, batch_size=256):
         for handle in handles:
             handle.remove()
     return {name: torch.stack(rows) for name, rows in states.items()}  # (N, n_embd)
+
+
+def same_length_batches(prompts, batch_size):
+    """Lists of at most batch_size indices of prompts of one length: stacked, their
+    positions line up without padding."""
+    by_length = {}
+    for i, p in enumerate(prompts):
+        by_length.setdefault(len(p), []).append(i)
+    for indices in by_length.values():
+        for start in range(0, len(indices), batch_size):
+            yield indices[start : start + batch_size]
 
 
 def fit_probe(x, labels, steps=200, l2=1e-3):

@@ -7,9 +7,10 @@ with other blocks (perceiver.py).
 
 forward() is what training and evaluation both call: logits for every position (every
 kept one, with packing), and the loss if targets are given. Two optional arguments make it
-faster without changing what it computes: the trainer's packing (only the positions that
-can affect the loss, packing.py) and the decoder's cache (keys and values of earlier
-positions, decoding.py).
+faster without changing what it computes, both working around the attention layers, which
+always see plain (B, T, C) inputs: the trainer's packing (only the positions that can affect
+the loss, packing.py) and the decoder's cache (each attention layer's earlier inputs, so
+that the other layers compute only the newest position, decoding.py).
 """
 
 import torch
@@ -17,7 +18,6 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 import attention
-from dropout import Dropout
 
 
 class GPTConfig:
@@ -44,7 +44,7 @@ def mlp(config):
         nn.Linear(config.n_embd, 4 * config.n_embd),
         nn.GELU(),
         nn.Linear(4 * config.n_embd, config.n_embd),
-        Dropout(config.resid_pdrop),
+        nn.Dropout(config.resid_pdrop),
     )
 
 
@@ -61,8 +61,12 @@ class Block(nn.Module):
             self.attn = attention.CausalSelfAttention(config)
         self.mlp = mlp(config)
 
-    def forward(self, x, packing=None, cache=None):
-        x = x + self.attn(self.ln1(x), packing, cache)
+    def forward(self, x, around=None):
+        """x (B, T, C) -> (B, T, C). around(attn, h), if given, calls the attention on h for
+        the machinery: packed (N, C) rows (packing.py) or the newest positions of a decoded
+        sequence (decoding.py), the attention itself seeing (B, T, C) as always."""
+        h = self.ln1(x)
+        x = x + (self.attn(h) if around is None else around(self.attn, h))
         x = x + self.mlp(self.ln2(x))
         return x
 
@@ -70,12 +74,16 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """The full GPT language model, with a context size of block_size."""
 
+    # a decoder may keep each attention layer's earlier inputs and feed only the newest
+    # position (decoding.Cache): every other layer works position by position
+    decodes_with_cache = True
+
     def __init__(self, config):
         super().__init__()
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         if not config.rope:
             self.pos_emb = nn.Parameter(torch.zeros(1, config.block_size, config.n_embd))
-        self.drop = Dropout(config.embd_pdrop)
+        self.drop = nn.Dropout(config.embd_pdrop)
         self.build_blocks(config)
         self.ln_f = nn.LayerNorm(config.n_embd)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -99,26 +107,27 @@ class GPT(nn.Module):
     def get_block_size(self):
         return self.block_size
 
-    def new_cache(self):
-        """An empty decoding cache for forward(): each attention layer's keys and values."""
-        return [attention.KVCache() for _ in self.blocks]
-
     def forward(self, idx, targets=None, packing=None, cache=None):
         """idx, targets: (B, T) token ids. Returns (logits (B, T, vocab), loss or None): the
         mean cross-entropy over the targets that are not PAD (id 0).
 
         packing (packing.Packing of the targets, as the trainer makes it): compute only the
         positions that can change the loss, as (N, C) rows; logits are then (N, vocab).
-        cache (new_cache()): idx continues the sequence cached so far (greedy decoding)."""
+        cache (decoding.Cache, greedy decoding): idx continues the sequences fed so far,
+        each id at its place in cache.positions (B, T)."""
         assert packing is None or cache is None, "packing is for training, the cache for decoding"
         b, t = idx.size()
-        past = cache[0].past if cache else 0
-        assert past + t <= self.block_size, "Cannot forward, model block size is exhausted."
         if packing is not None:
             idx = idx[:, : packing.T]  # the batch cut after its longest row
+        # where each id stands: 0..t-1, or, decoding, where the cache says
+        end = t if cache is None else int(cache.positions.max()) + 1
+        assert end <= self.block_size, "Cannot forward, model block size is exhausted."
         x = self.tok_emb(idx)  # (B, T, C)
         if not self.rope:  # rope has no position embedding: attention rotates q and k instead
-            x = x + self.pos_emb[:, past : past + idx.size(1), :]  # (B, T, C)
+            if cache is None:
+                x = x + self.pos_emb[:, : idx.size(1), :]  # (B, T, C)
+            else:
+                x = x + self.pos_emb[0, cache.positions]  # (B, T, C)
         if packing is not None:
             # embedded whole and then selected: gathering pos_emb per position would make its
             # gradient an accumulating scatter, whose order (and sum) varies between runs
@@ -137,5 +146,10 @@ class GPT(nn.Module):
     def run_blocks(self, x, packing=None, cache=None):
         """The Transformer blocks on (B, T, C) embeddings, or on (N, C) packed rows."""
         for i, block in enumerate(self.blocks):
-            x = block(x, packing, None if cache is None else cache[i])
+            around = None
+            if packing is not None:
+                around = packing.in_groups
+            elif cache is not None:
+                around = cache.attention(i)
+            x = block(x, around)
         return x

@@ -4,9 +4,10 @@ A pretraining batch is (B, T) rows padded with PAD, and PAD targets count for no
 attention is causal, so the positions after a row's last target cannot change any
 counted target. Packing keeps each row up to its last target: GPT.forward (model.py), given
 a Packing, runs the position-wise layers on the kept positions alone, as (N, C) rows, and
-attention.py runs attention (the one layer that needs whole rows) on groups of rows of
-similar length, each padded to its own longest row (padded_groups). The trainer builds a
-Packing for every batch. The results equal those of the padded batch; only the time differs.
+calls attention (the one layer that needs whole rows) through Packing.in_groups: on groups
+of rows of similar length, each padded to its own longest row, as plain (b, width, C)
+tensors. The trainer builds a Packing for every batch. The results equal those of the padded
+batch up to rounding; only the time differs.
 """
 
 import torch
@@ -64,6 +65,14 @@ class Packing:
         """The inverse of unpack."""
         return torch.cat([y.flatten(0, 1) for y in padded]).index_select(0, self.slots)  # (N, C)
 
+    def in_groups(self, layer, x):
+        """layer, which takes and gives (b, width, C) rows whose positions start at 0 (an
+        attention, or the perceiver's blocks), on the packed rows x (N, C): group by group,
+        each padded to its longest row. Padding comes after a row's positions, and a causal
+        layer's outputs there are cut again, so the kept outputs are those of the rows
+        alone."""
+        return self.repack([layer(group) for group in self.unpack(x)])  # (N, C)
+
 
 def target_lengths(targets):
     """(B, T) targets -> (B,) each row's last non-PAD target position + 1 (0 if none):
@@ -75,16 +84,3 @@ def target_lengths(targets):
 def target_count(targets):
     """How many targets of a (B, T) batch count: those that are not PAD."""
     return int((targets != 0).sum())
-
-
-def padded_groups(packing, *tensors):
-    """The groups attention runs on: without packing, the (B, T, C) tensors as they are;
-    packed (N, C) tensors, as padded (b, width, C) rows, group by group."""
-    if packing is None:
-        return [tensors]
-    return list(zip(*(packing.unpack(x) for x in tensors)))
-
-
-def repacked(packing, outputs):
-    """The inverse of padded_groups: one (B, T, C) output as it is, or the groups' packed."""
-    return outputs[0] if packing is None else packing.repack(outputs)

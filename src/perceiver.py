@@ -36,10 +36,10 @@ class DownProjectBlock(nn.Module):
         self.mlp = mlp(config)
 
     # [part g, 2023]
-    def forward(self, x_input, positions=None):
-        """x_input (B, T, C) -> (B, positions, C), positions defaulting to bottleneck_dim."""
-        basis = self.C[:, :positions].expand(x_input.size(0), -1, -1)  # (B, m, C)
-        y = basis + self.attn(x_input, self.ln1(basis))
+    def forward(self, x_input):
+        """x_input (B, T, C) -> (B, bottleneck_dim, C)."""
+        basis = self.C.expand(x_input.size(0), -1, -1)  # (B, m, C)
+        y = basis + self.attn(x_input, self.ln1(basis))  # (B, m, C)
         return y + self.mlp(self.ln2(y))
 
 
@@ -68,6 +68,10 @@ class UpProjectBlock(nn.Module):
 class PerceiverGPT(GPT):
     """GPT with the perceiver's blocks; config.bottleneck_dim sets the bottleneck."""
 
+    # each new character changes the bottleneck positions from its own on (position j sees
+    # inputs 0..j), so a decoder computes the whole sequence again for each character
+    decodes_with_cache = False
+
     def build_blocks(self, config):
         assert 0 < config.bottleneck_dim <= config.block_size
         self.down_block = DownProjectBlock(config)
@@ -77,30 +81,14 @@ class PerceiverGPT(GPT):
         self.up_block = UpProjectBlock(config)
 
     def perceive(self, x_input):
-        """The perceiver's blocks on (B, T, C) embeddings. Bottleneck positions from T on
-        cannot reach any output (output t sees y_0..y_t), so at most T are computed."""
-        y = self.down_block(x_input, min(x_input.size(1), self.down_block.C.size(1)))  # (B, m, C)
+        """The perceiver's blocks on (B, T, C) embeddings."""
+        y = self.down_block(x_input)  # (B, m, C)
         y = self.blocks(y)  # (B, m, C)
         return self.up_block(y, x_input)  # (B, T, C)
 
     def run_blocks(self, x, packing=None, cache=None):
-        if packing is None:
-            return self.perceive(x)
-        # each group of rows padded to its longest; padding after a row's end is only seen
-        # by positions after that end, which repack cuts again
-        return packing.repack([self.perceive(group) for group in packing.unpack(x)])  # (N, C)
-
-    def new_cache(self):
-        """A cache that keeps the ids so far: the perceiver recomputes the whole prefix,
-        exact but not faster. (Its blocks could cache, bottleneck position j seeing
-        inputs 0..j only, but a dev set decodes in seconds as it is.)"""
-        return {}
-
-    def forward(self, idx, targets=None, packing=None, cache=None):
-        """GPT.forward with the perceiver's blocks. With a cache (new_cache()), idx continues
-        the ids cached so far, and the whole sequence is computed again."""
-        if cache is None:
-            return super().forward(idx, targets, packing)
-        cache['idx'] = torch.cat((cache['idx'], idx), dim=1) if 'idx' in cache else idx
-        logits, _ = super().forward(cache['idx'])  # (B, past+T, vocab)
-        return logits[:, -idx.size(1) :], None  # (B, T, vocab)
+        """perceive() on (B, T, C) embeddings, or on (N, C) packed rows (each group of rows
+        padded to its longest: packing.in_groups). Decoding feeds the whole sequence every
+        step (decodes_with_cache), so there is never a cache here."""
+        assert cache is None, "the perceiver decodes without a cache"
+        return self.perceive(x) if packing is None else packing.in_groups(self.perceive, x)

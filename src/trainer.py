@@ -19,6 +19,7 @@ from torch.nn import functional as F
 
 import devices
 import distributed
+import dropout
 import files
 import metrics
 import params_files
@@ -70,6 +71,10 @@ class Trainer:
         self.config = config
         self.device = devices.pick_device(config.device)
         self.model = model.to(self.device)
+        # around the handout's code: its nn.Dropout draws faster on the CPU (dropout.py),
+        # and RoPE rotates in fp32 under autocast (devices.rotate_in_fp32)
+        dropout.use_in(model)
+        devices.rotate_in_fp32(model)
         if config.compile:
             devices.compile_model(model, self.device)
         self.rank, self.world_size = distributed.rank_and_size()

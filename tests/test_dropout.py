@@ -5,10 +5,12 @@ import math
 
 import pytest
 import torch
+import torch.nn as nn
 
 import bench
 import dropout
-from conftest import packed_loss
+import trainer
+from test_trainer import tiny_setup
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.97])
@@ -62,19 +64,14 @@ def test_torch_dropout_where_ours_does_not_apply():
     assert torch.equal(dropout.Dropout(1.0).train()(x), torch.zeros_like(x))
 
 
-def test_bench_plain_path_is_the_original():
-    """bench.py's baseline must be the original code: torch's dropout, plain attention,
-    and the same loss as the model's own forward (and its packed loss) without dropout."""
-    plain = bench.make_model(40, plain=True)
-    ours = bench.make_model(40, plain=False)
-    assert not any(isinstance(m, dropout.Dropout) for m in plain.modules())
-    assert all(type(b.attn) is bench.PlainCausalSelfAttention for b in plain.blocks)
-    torch.manual_seed(1)
-    idx, targets = torch.randint(1, 40, (4, 127)), torch.randint(0, 40, (4, 127))
-    targets[:, 100:] = 0
-    with torch.no_grad():
-        _, plain_loss = plain.eval()(idx, targets)
-        _, loss = ours.eval()(idx, targets)
-        packed = packed_loss(ours, idx, targets)
-    torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(packed, plain_loss, rtol=1e-5, atol=1e-6)
+def test_the_trainer_draws_faster_and_bench_plain_path_keeps_torch_dropout():
+    """The model's code writes torch's nn.Dropout, as a student's does; the Trainer makes
+    those layers dropout.Dropout from outside, and bench.py's baseline, the original code,
+    has torch's own again."""
+    gpt, ds, config = tiny_setup()
+    layers = [m for m in gpt.modules() if isinstance(m, nn.Dropout)]
+    assert len(layers) == 1 + 2 * 3 and all(type(m) is nn.Dropout for m in layers)
+    trainer.Trainer(gpt, ds, None, config)
+    assert all(type(m) is dropout.Dropout and m.p == 0.1 for m in layers)
+    bench.torch_dropout(gpt)
+    assert all(type(m) is nn.Dropout for m in layers)

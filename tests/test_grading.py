@@ -165,6 +165,11 @@ def test_a_marker_must_sit_on_a_def_or_an_if():
     assert starter.stubs("# [part g, 2023]\ndef f():\n    return 1\n", '2021') == []
 
 
+# the test that runs a variant's parts through our training step and decoder
+MACHINERY = (
+    "(g) the {variant} model trains and decodes here: the packed training step (fp32, bf16) "
+    "and the fast decoder compute what the plain forward does"
+)
 # A mistake: (file, our text, the mistaken text, edition, the tests it must lose)
 MISTAKES = {
     'randint one short': (
@@ -204,10 +209,13 @@ MISTAKES = {
     ),
     "the synthesizer's w2 not cut to T": (
         'src/attention.py',
-        'scores = a @ self.w2[:, : past + T] + self.b2[: past + T]',
-        'scores = a @ self.w2 + self.b2',
+        'att = a @ self.w2[:, :T] + self.b2[:T]',
+        'att = a @ self.w2 + self.b2',
         '2021',
-        {"(g) SynthesizerAttention: eq. 11 with given weights"},
+        {
+            "(g) SynthesizerAttention: eq. 11 with given weights",
+            MACHINERY.format(variant='synthesizer'),
+        },
     ),
     "RoPE's angle with the 2024 starter's sign": (
         'src/attention.py',
@@ -242,7 +250,7 @@ MISTAKES = {
         'x = x_input + self.attn(self.ln1(y), x_input)',
         'x = x_input + self.attn(x_input, self.ln1(y))',
         '2023',
-        {"(g) UpProjectBlock with given weights"},
+        {"(g) UpProjectBlock with given weights", MACHINERY.format(variant='perceiver')},
     ),
     "London's computation": (
         'london_baseline.py',
@@ -367,9 +375,9 @@ def test_original_starter_layouts_are_graded(ours, tmp_path):
     assert rows.pop("(g) precompute_rotary_emb: cos and sin of t theta_i")[1].startswith(
         'ZeroDivisionError: division by zero (src/attention.py:'
     )
-    assert (
-        rows.pop("(g) the rope model: the handout's architecture")[0] == 0
-    )  # its __init__ calls it
+    # its __init__ calls it
+    assert rows.pop("(g) the rope model: the handout's architecture")[0] == 0
+    assert rows.pop(MACHINERY.format(variant='rope'))[0] == 0
     assert all(score > 0 for score, _ in rows.values()), rows
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+import decoding
 import model
 import perceiver
 from conftest import packed_loss
@@ -127,20 +128,27 @@ def test_bf16_autocast_loss_is_close(variant):
     assert abs(fast.item() - plain.item()) < 0.02 * plain.item()
 
 
-@pytest.mark.parametrize('variant', VARIANTS)
+@pytest.mark.parametrize('variant', ['vanilla', 'synthesizer', 'rope'])
 def test_cached_forward_equals_full_forward(variant):
-    """rope: new keys rotated at their absolute positions; the perceiver recomputes."""
+    """The decoder's cache keeps each attention's earlier inputs: the attention sees the
+    whole sequences from position 0 (rope rotates at the absolute positions), the other
+    layers the fed positions alone, each row at its own (rows of different lengths, as the
+    decoder batches them). The perceiver decodes without it."""
     gpt = make_gpt(variant, **SMALL, sharp=True).eval()
+    assert gpt.decodes_with_cache and not make_gpt('perceiver', **SMALL).decodes_with_cache
     idx = torch.randint(0, 40, (3, 60))
+    starts = torch.tensor([20, 27, 31])  # each row's prompt length
     with torch.no_grad():
-        full, _ = gpt(idx)
-        cache = gpt.new_cache()
-        steps = [gpt(idx[:, :20], cache=cache)[0]]
-        for t in range(20, 60):
-            steps.append(gpt(idx[:, t : t + 1], cache=cache)[0])
-    torch.testing.assert_close(
-        torch.cat(steps, dim=1), full, atol=1e-4, rtol=1e-4
-    )  # logits ~ 10: fp32 rounding
+        full, _ = gpt(idx)  # (3, 60, vocab)
+        cache = decoding.Cache()
+        cache.positions = torch.arange(31).expand(3, 31)
+        first, _ = gpt(idx[:, :31], cache=cache)
+        torch.testing.assert_close(first, full[:, :31], atol=1e-4, rtol=1e-4)
+        for step in range(25):
+            cache.positions = (starts + step)[:, None]  # (3, 1): each row's next position
+            logits, _ = gpt(idx[torch.arange(3)[:, None], cache.positions], cache=cache)
+            expected = full[torch.arange(3), starts + step][:, None]  # (3, 1, vocab)
+            torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)  # logits ~ 10
 
 
 @pytest.mark.parametrize('variant', VARIANTS)

@@ -220,6 +220,16 @@ def span_padding(g):
             )
 
 
+@test(
+    "(e) span corruption: an example of every line of wiki.txt, as each epoch of pretraining "
+    "builds",
+    1,
+    probes=['span_corpus'],
+)
+def span_every_line(g):
+    g.probe('span_corpus')
+
+
 @test("(f) pretraining: the handout's Trainer settings", 7, probes=['pretrain'])
 def pretrain_settings(g):
     settings = g.settings(650, 128, 6e-3, g.edition['schedule'])
@@ -705,6 +715,10 @@ def probe_arguments(g, key):
             text=text, block_size=SPAN_BLOCK, padded_length=padded, draws=SPAN_DRAWS,
             seed=SPAN_SEED,
         )  # fmt: skip
+    if key == 'span_corpus':
+        return 'span_corpus', dict(
+            block_size=BLOCK_SIZE, padded_length=BLOCK_SIZE + edition['extra_pad']
+        )
     if key == 'synthesizer':
         weights, inputs = synthesizer_case()
         config = dict(vocab_size=10, block_size=8, n_layer=1, n_head=3, n_embd=6)

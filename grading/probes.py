@@ -7,6 +7,7 @@ numpy, so that only the submission's code answers.
   command     a handout command, run.py as the student wrote it, with Trainer.train
               intercepted: the TrainerConfig and the model it was given, never training
   span        examples drawn from the submission's CharCorruptionDataset
+  span_corpus an example of every line of wiki.txt from it, as each epoch of pretraining
   module      a module (SynthesizerAttention, DownProjectBlock, ...) built from the
               submission's class with given weights, and its outputs on given inputs
   function    one of the submission's functions (RoPE's) on given inputs
@@ -161,6 +162,29 @@ def span(text, block_size, padded_length, draws, seed):
         x, y = corpus[index]
         examples.append((index, decode(x, corpus.itos), decode(y, corpus.itos)))
     return {'examples': examples, 'pad': corpus.PAD_CHAR, 'mask': corpus.MASK_CHAR}
+
+
+def span_corpus(block_size, padded_length):
+    """One example of every line of wiki.txt, as each epoch of pretraining builds: the
+    number of lines, or a Failure naming the first line whose example raised."""
+    import dataset
+
+    cls = dataset.CharCorruptionDataset
+    extra = {}
+    if 'padded_length' in inspect.signature(cls).parameters:
+        extra['padded_length'] = padded_length
+    with open('wiki.txt', encoding='utf-8') as f:
+        corpus = cls(f.read(), block_size, **extra)
+    random.seed(0)
+    for i in range(len(corpus)):
+        try:
+            corpus[i]
+        except Exception as e:
+            line = corpus.data[i][:40] if i < len(getattr(corpus, 'data', [])) else '?'
+            raise Failure(
+                f"the example of line {i + 1} ({line!r}) raised {one_line(e, os.getcwd())}"
+            )
+    return {'lines': len(corpus)}
 
 
 def decode(ids, itos):
@@ -365,6 +389,7 @@ def london(accuracy_file):
 PROBES = {
     'command': command,
     'span': span,
+    'span_corpus': span_corpus,
     'module': module,
     'function': function,
     'machinery': machinery,

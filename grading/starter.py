@@ -25,9 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EDITIONS = ('2021', '2023', '2024', '2025')
 # what the starter holds: the code, the grader to check it with, and the data's README;
-# never the tests (they test our solution), the published results or the starter writer
+# never the tests (they test our solution), the published results or the starter writer.
+# Of src/, the modules the handout's scripts import (handout_modules): not the research
+# layer or our tools (bench, reproduce, plot, ...)
 INCLUDED = [
-    'src',
     'grading',
     'mingpt-demo',
     'data/README.md',
@@ -150,14 +151,33 @@ def tracked_files():
         ]
 
 
+def handout_modules(entry_points=('run', 'dataset', 'utils')):
+    """The src/ modules the handout's scripts import, directly or through each other:
+    {'run', 'dataset', 'model', 'trainer', ...}, read from their import statements."""
+    names = {p.stem for p in (ROOT / 'src').glob('*.py')}
+    found, waiting = set(), list(entry_points)
+    while waiting:
+        name = waiting.pop()
+        if name in found:
+            continue
+        found.add(name)
+        for node in ast.walk(ast.parse((ROOT / 'src' / f'{name}.py').read_text('utf-8'))):
+            if isinstance(node, ast.Import):
+                waiting += [a.name for a in node.names if a.name in names]
+            elif isinstance(node, ast.ImportFrom) and node.module in names:
+                waiting.append(node.module)
+    return found
+
+
 def starter_files(edition):
     """{relative path: text or None (copied as it is)} of the starter."""
     marked = {p for pattern in MARKED for p in ROOT.glob(pattern)}
+    included = INCLUDED + [f'src/{name}.py' for name in handout_modules()]
     files = {}
     for p in sorted(tracked_files()):
         relative = p.relative_to(ROOT).as_posix()
         if relative in EXCLUDED or not any(
-            relative == name or relative.startswith(name + '/') for name in INCLUDED
+            relative == name or relative.startswith(name + '/') for name in included
         ):
             continue
         text = None

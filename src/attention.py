@@ -26,7 +26,8 @@ from torch.nn import functional as F
 def precompute_rotary_emb(dim, max_positions):
     """RoPE's rotations for head size `dim`: a (max_positions, dim/2, 2) tensor holding
     (cos(t theta_i), sin(t theta_i)) for position t and pair i, theta_i = 10000^(-2(i-1)/d)
-    for i = 1..d/2 (the 2024 handout's formula; the starter's docstring has the sign wrong)."""
+    for i = 1..d/2 (the 2024 handout's formula; the course's starter had the exponent's sign
+    wrong in this docstring)."""
     theta = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,)
     angles = (
         torch.arange(max_positions, dtype=torch.float64)[:, None] * theta[None, :]
@@ -38,7 +39,7 @@ def precompute_rotary_emb(dim, max_positions):
 def apply_rotary_emb(x, rope_cache):
     """Rotates each adjacent pair (x_{2i-1}, x_{2i}) of x (B, nh, T, hs) at position t by
     t theta_i, using the first T rows of rope_cache: the complex product
-    (x_{2i-1} + i x_{2i}) e^{i t theta_i}, written with real numbers."""
+    (x_{2i-1} + i x_{2i}) e^{i t theta_i}."""
     T = x.size(-2)
     cos, sin = rope_cache[:T, :, 0], rope_cache[:T, :, 1]  # (T, hs/2)
     pairs = x.unflatten(-1, (-1, 2))  # (B, nh, T, hs/2, 2)
@@ -153,15 +154,15 @@ class CausalCrossAttention(CausalSelfAttention):
     the block_size one cut to [:Tq, :Tk]: query i sees x_kv's positions 0..i."""
 
     def forward(self, x_kv, x_q):
-        B, Tk, C = x_kv.size()
-        Tq = x_q.size(1)
+        Bk, Tk, C = x_kv.size()
+        Bq, Tq, _ = x_q.size()  # Bq may be 1 (a basis shared by the batch), broadcast
         nh, hs = self.n_head, C // self.n_head
-        k = self.key(x_kv).view(B, Tk, nh, hs).transpose(1, 2)  # (B, nh, Tk, hs)
-        q = self.query(x_q).view(B, Tq, nh, hs).transpose(1, 2)  # (B, nh, Tq, hs)
-        v = self.value(x_kv).view(B, Tk, nh, hs).transpose(1, 2)  # (B, nh, Tk, hs)
+        k = self.key(x_kv).view(Bk, Tk, nh, hs).transpose(1, 2)  # (B, nh, Tk, hs)
+        q = self.query(x_q).view(Bq, Tq, nh, hs).transpose(1, 2)  # (B, nh, Tq, hs)
+        v = self.value(x_kv).view(Bk, Tk, nh, hs).transpose(1, 2)  # (B, nh, Tk, hs)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, Tq, Tk)
         att = att.masked_fill(self.mask[:, :, :Tq, :Tk] == 0, float('-inf'))
         att = self.attn_drop(F.softmax(att, dim=-1))
         y = att @ v  # (B, nh, Tq, hs)
-        y = y.transpose(1, 2).contiguous().view(B, Tq, C)  # (B, Tq, C): heads side by side
+        y = y.transpose(1, 2).contiguous().view(Bk, Tq, C)  # (B, Tq, C): heads side by side
         return self.resid_drop(self.proj(y))  # (B, Tq, C)

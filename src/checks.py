@@ -6,7 +6,13 @@ a one-line UserError naming the flag, the file or the line. (The params a phase 
 checked by params_files.py, the launch under torchrun by distributed.py.)
 """
 
+import inspect
 import os
+import random
+import traceback
+
+import numpy as np
+import torch
 
 import dataset
 import files
@@ -140,3 +146,36 @@ def check_writable(path, flag):
         raise UserError(f"--{flag} {path}: directory {directory} does not exist")
     if not os.access(directory, os.W_OK):
         raise UserError(f"--{flag} {path}: directory {directory} is not writable")
+
+
+def check_examples(examples):
+    """Builds every example of the training set once, as each epoch will, so that an
+    example the dataset's code cannot build (a short or empty line of the corpus, say)
+    stops the run now, not an epoch in: a one-line UserError naming the example, its
+    line and where in the dataset's code it failed. The random states are put back
+    afterwards, so the run draws what it would have drawn without the check."""
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        for i in range(len(examples)):
+            try:
+                examples[i]
+            except Exception as e:
+                raise UserError(unbuildable(examples, i, e))
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+
+
+def unbuildable(examples, i, error):
+    """'CharCorruptionDataset[2937] (the line '') raised ValueError: ... (src/dataset.py:63)'."""
+    source = inspect.getsourcefile(type(examples))
+    where = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == source]
+    place = f" ({os.path.relpath(where[-1].filename)}:{where[-1].lineno})" if where else ''
+    line = getattr(examples, 'data', None)
+    line = f" (the line {line[i][:40]!r})" if isinstance(line, list) and i < len(line) else ''
+    message = str(error).split('\n')[0]
+    return (
+        f"{type(examples).__name__}[{i}]{line} raised {type(error).__name__}: {message}{place}; "
+        f"each epoch builds an example of every line"
+    )

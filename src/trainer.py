@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+import checks
 import devices
 import distributed
 import dropout
@@ -133,6 +134,7 @@ class Trainer:
     def train(self):
         """config.max_epochs epochs of training; with config.resume, what is left of them."""
         config = self.config
+        checks.check_examples(self.train_dataset)  # a bad line stops the run now, not later
         if config.resume:
             resume.load(config.resume_path, self)
             self.resumed_elapsed = self.elapsed

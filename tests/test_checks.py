@@ -2,9 +2,11 @@
 each case is one clear line on stderr naming the flag, file or line, and exit code 2."""
 
 import importlib
+import random
 import re
 
 import pytest
+import torch
 
 from conftest import cli, main, write
 
@@ -390,3 +392,50 @@ def test_research_tools_check_where_they_write_before_any_work(tmp_path, capsys,
     err = capsys.readouterr().err
     assert stop.value.code == 2
     assert err == f"error: {argv[-1]} {tmp_path}: is a directory\n"
+
+
+class EmptyLineFails:
+    """A span corruption that cannot take an empty line, as some students' cannot."""
+
+    def __init__(self, lines):
+        self.data = lines
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, idx):
+        return random.randrange(0, len(self.data[idx]))  # ValueError for ''
+
+
+def test_an_example_the_dataset_cannot_build_stops_the_run_before_training():
+    """checks.check_examples builds each example once, as an epoch will, and puts the
+    random states back: the run draws what it would have drawn."""
+    import checks
+    import files
+
+    random.seed(1)
+    expected = [random.random() for _ in range(3)]
+    random.seed(1)
+    checks.check_examples(EmptyLineFails(['a line', 'another']))
+    assert [random.random() for _ in range(3)] == expected
+    with pytest.raises(files.UserError) as caught:
+        checks.check_examples(EmptyLineFails(['a line', 'another', '']))
+    message = str(caught.value)
+    assert message.startswith("EmptyLineFails[2] (the line '') raised ValueError: empty range")
+    assert re.search(
+        r'\(tests/test_checks\.py:\d+\); each epoch builds an example of every line$', message
+    )
+
+
+def test_the_trainer_checks_every_example_before_its_first_step():
+    import files
+    import trainer
+    from test_trainer import tiny_setup
+
+    gpt, _, config = tiny_setup()
+    before = {n: p.clone() for n, p in gpt.state_dict().items()}
+    run = trainer.Trainer(gpt, EmptyLineFails(['a line', '']), None, config)
+    with pytest.raises(files.UserError, match=r"^EmptyLineFails\[1\] \(the line ''\) raised"):
+        run.train()
+    assert run.steps_run == 0
+    assert all(torch.equal(p, before[n]) for n, p in gpt.state_dict().items())

@@ -186,6 +186,16 @@ MISTAKES = {
         '2021',
         {"(e) span corruption: the masked length"},
     ),
+    'an empty line not allowed for': (
+        'src/dataset.py',
+        'masked_len = min(n, int(span + random.random()))',
+        'masked_len = int(span + random.random())',
+        '2021',
+        {
+            "(e) span corruption: an example of every line of wiki.txt, as each epoch of "
+            "pretraining builds"
+        },
+    ),
     'padding one short': (
         'src/dataset.py',
         'self.PAD_CHAR * (self.padded_length - len(masked_string))',
@@ -300,7 +310,7 @@ def test_2024s_padding_is_right_in_2021(ours, tmp_path):
 OTHER_SPANS = """document = self.data[idx]
         truncated = document[: random.randint(4, int(self.block_size * 7 / 8))]
         n = len(truncated)
-        masked_len = random.randint(1, max(1, n // 2))
+        masked_len = min(n, random.randint(1, max(1, n // 2)))
         start = random.randint(0, n - masked_len)
         prefix, masked = truncated[:start], truncated[start : start + masked_len]
         suffix = truncated[start + masked_len :]

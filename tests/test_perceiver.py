@@ -11,6 +11,19 @@ from test_attention import BLOCK, assert_matches_reference_forward, attend
 from test_model import make_gpt, sharpen
 
 
+def test_cross_attention_takes_queries_shared_by_the_batch():
+    """x_q of batch 1 (the down block's basis C, not expanded, as students pass it) gives
+    what the basis repeated for each row gives."""
+    config = model.GPTConfig(50, BLOCK, n_layer=1, n_head=4, n_embd=32)
+    torch.manual_seed(0)
+    att = sharpen(attention.CausalCrossAttention(config), std=0.4).eval()
+    x, basis = torch.randn(3, 20, 32), torch.randn(1, 8, 32)
+    with torch.no_grad():
+        shared = att(x, basis)
+        torch.testing.assert_close(shared, att(x, basis.expand(3, -1, -1)))
+    assert shared.shape == (3, 8, 32)
+
+
 def test_cross_attention_matches_float64_equations_at_every_length():
     config = model.GPTConfig(50, BLOCK, n_layer=1, n_head=4, n_embd=32)
     torch.manual_seed(0)

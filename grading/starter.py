@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,16 +51,49 @@ DEFAULTS = {
 MARKER = re.compile(r'^(\s*)# (\[part [a-g](?:, \d{4})?\](?: \[part [a-g](?:, \d{4})?\])*)(.*)$')
 TAG = re.compile(r'\[part ([a-g])(?:, (\d{4}))?\]')
 
-README = """# The assignment's starter ({edition} edition)
+README = """# The assignment's starter ({edition} edition: vanilla and {variant})
 
-The parts the handout asks you to write raise NotImplementedError; each is marked
-`# TODO [part X]`, and its docstring (or the TODO line) says what to write:
+## Set up
+
+    pip install -r requirements.txt
+
+Then put the four data files (wiki.txt, birth_places_train.tsv, birth_dev.tsv,
+birth_test_inputs.tsv) in data/ (data/README.md).
+
+## What you write
+
+Each part raises NotImplementedError under a `# TODO [part X]` line; its docstring (or the
+TODO line) says what to write and which helpers to use:
 
 {parts}
 
-Put the data files in data/ (data/README.md), install (`pip install -r requirements.txt`),
-then run the handout's commands, for example `python src/dataset.py charcorruption` for
-part (e). Check your work at any time, from this folder:
+Your code gets the handout's signatures and plain tensors in the handout's shapes (x is
+(B, T, C), its positions starting at 0, in training and in evaluation). Which file holds
+what:
+
+    src/dataset.py     the datasets: span corruption (e), the birth-place questions
+    src/model.py       the GPT and its Block
+    src/attention.py   the attention layers{perceiver_line}
+    src/trainer.py     the training loop and TrainerConfig
+    src/run.py         the command line: each phase's model and Trainer settings (c, f, g)
+    src/utils.py       sampling and evaluate_places
+    london_baseline.py the London baseline (d)
+    grading/           the grader
+
+{machinery}
+
+## A first run (a minute or two)
+
+    python src/run.py pretrain vanilla wiki.txt --writing_params_path smoke.params --max_epochs 1
+
+## The handout's commands, in order
+
+Times on a 2-core CPU with bf16 instructions (about twice as long without; minutes on a
+GPU):
+
+{commands}
+
+## Check your work
 
     python grading/grade.py . --edition {edition}
 
@@ -67,6 +101,65 @@ It runs each check of your code in a separate process with a time limit and prin
 table of the tests, their points, and why a test failed. Tests of results (params and
 prediction files) pass once you have run the handout's commands.
 """
+# the handout's commands of an edition: (what, time on a 2-core CPU with bf16, command)
+COMMANDS = [
+    ('(e) look at span corruption', 'seconds', 'python src/dataset.py charcorruption'),
+    (
+        '(d) finetune without pretraining',
+        '12 min',
+        'python src/run.py finetune vanilla '
+        'wiki.txt --writing_params_path vanilla.model.params --finetune_corpus_path '
+        'birth_places_train.tsv',
+    ),
+    (
+        '(d) evaluate it on dev and test',
+        'seconds',
+        'python src/run.py evaluate vanilla wiki.txt '
+        '--reading_params_path vanilla.model.params --eval_corpus_path birth_dev.tsv '
+        '--outputs_path vanilla.nopretrain.dev.predictions',
+    ),
+    (
+        None,
+        None,
+        'python src/run.py evaluate vanilla wiki.txt --reading_params_path '
+        'vanilla.model.params --eval_corpus_path birth_test_inputs.tsv --outputs_path '
+        'vanilla.nopretrain.test.predictions',
+    ),
+    ('(d) the London baseline', 'seconds', 'python london_baseline.py'),
+]
+# then, for vanilla (f) and the variant (g): pretrain, finetune from it, evaluate on dev and test
+PHASES = [
+    (
+        'pretrain',
+        '2-4 h',
+        'python src/run.py pretrain {v} wiki.txt{flags} --writing_params_path {v}.pretrain.params',
+    ),
+    (
+        'finetune from it',
+        '1 min',
+        'python src/run.py finetune {v} wiki.txt{flags} '
+        '--reading_params_path {v}.pretrain.params --writing_params_path {v}.finetune.params '
+        '--finetune_corpus_path birth_places_train.tsv',
+    ),
+    (
+        'evaluate on dev and test',
+        'seconds',
+        'python src/run.py evaluate {v} wiki.txt{flags} '
+        '--reading_params_path {v}.finetune.params --eval_corpus_path birth_dev.tsv '
+        '--outputs_path {v}.pretrain.dev.predictions',
+    ),
+    (
+        None,
+        None,
+        'python src/run.py evaluate {v} wiki.txt{flags} --reading_params_path '
+        '{v}.finetune.params --eval_corpus_path birth_test_inputs.tsv --outputs_path '
+        '{v}.pretrain.test.predictions',
+    ),
+]
+# the edition's second variant and the flags its handout's commands pass
+VARIANTS = {'2021': ('synthesizer', ''), '2023': ('perceiver', ' --bottleneck_dim 64'),
+            '2024': ('rope', ''), '2025': ('rope', '')}  # fmt: skip
+HANDOUT_FILES = {'run', 'dataset', 'model', 'attention', 'trainer', 'utils', 'perceiver'}
 
 
 def applies(tags, edition):
@@ -204,6 +297,24 @@ def parts_list(files):
     return '\n'.join(todos)
 
 
+def commands_list(edition):
+    """The README's numbered list of the edition's commands, each with its time."""
+    variant, flags = VARIANTS[edition]
+    steps = list(COMMANDS)
+    for part, v, f in (('(f)', 'vanilla', ''), ('(g)', variant, flags)):
+        steps += [
+            (what and f"{part} {v}: {what}", time, command.format(v=v, flags=f))
+            for what, time, command in PHASES
+        ]
+    steps.append(('pack the submission', 'seconds', f"bash collect_submission.sh {edition}"))
+    blocks = []  # [heading, command, ...] per numbered step
+    for what, time, command in steps:
+        if what:
+            blocks.append([f"{len(blocks) + 1}. {what} ({time}):", ''])
+        blocks[-1].append(f"       {command}")
+    return '\n\n'.join('\n'.join(block) for block in blocks)
+
+
 def write_starter(edition, out):
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -216,7 +327,21 @@ def write_starter(edition, out):
             shutil.copy2(ROOT / relative, target)
         else:
             target.write_text(text, encoding='utf-8')
-    readme = README.format(edition=edition, parts=parts_list(files))
+    readme = README.format(
+        edition=edition,
+        variant=VARIANTS[edition][0],
+        parts=parts_list(files),
+        perceiver_line='\n    src/perceiver.py   the perceiver\'s blocks (g)'
+        if edition == '2023'
+        else '',
+        machinery=textwrap.fill(
+            f"The other modules in src/ ({', '.join(sorted(handout_modules() - HANDOUT_FILES))})"
+            " make training fast, resumable and checked; they work around your code, and you "
+            "never need to open them.",
+            90,
+        ),
+        commands=commands_list(edition),
+    )
     (out / 'README.md').write_text(readme, encoding='utf-8')
     (out / 'data').mkdir(exist_ok=True)
     return files

@@ -98,6 +98,16 @@ def test_the_starter_gets_no_marks(tmp_path, edition):
     assert f"python grading/grade.py . --edition {edition}" in readme
     assert 'src/dataset.py: [part e] write CharCorruptionDataset.__getitem__' in readme
     assert not (tmp_path / 'tests').exists() and not (tmp_path / 'grading' / 'starter.py').exists()
+    # the quickstart's commands: each run.py line parses, and the second variant's phases
+    # pass its handout's flags
+    commands = [line.split()[2:] for line in readme.split('\n') if 'python src/run.py' in line]
+    assert len(commands) == 1 + 3 + 2 * 4
+    for argv in commands:
+        run.parse_args(argv)
+    variant = [a for a in commands if a[1] not in ('vanilla',)]
+    assert len(variant) == 4 and all(a[1] == SECOND[edition] for a in variant)
+    assert all(('--bottleneck_dim' in a) == (edition == '2023') for a in variant)
+    assert f"bash collect_submission.sh {edition}" in readme
 
 
 # what each edition's starter stubs: (file, the stub's first words)

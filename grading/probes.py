@@ -143,16 +143,22 @@ def command(argv, reading_params=None):
     raise Failure("run.py ended without training")
 
 
-def span(text, block_size, padded_length, draws, seed):
-    """`draws` examples from CharCorruptionDataset(text, block_size), taking the documents in
-    turn, after seeding random, numpy and torch: [(document index, x, y)] as strings."""
+def span_corruption(text, block_size, padded_length):
+    """The submission's CharCorruptionDataset(text, block_size), given padded_length (the
+    2024 rule) where the class takes it."""
     import dataset
 
     cls = dataset.CharCorruptionDataset
     extra = {}
     if padded_length and 'padded_length' in inspect.signature(cls).parameters:
-        extra['padded_length'] = padded_length  # the 2024 rule, where the class takes it
-    corpus = cls(text, block_size, **extra)
+        extra['padded_length'] = padded_length
+    return cls(text, block_size, **extra)
+
+
+def span(text, block_size, padded_length, draws, seed):
+    """`draws` examples from CharCorruptionDataset(text, block_size), taking the documents in
+    turn, after seeding random, numpy and torch: [(document index, x, y)] as strings."""
+    corpus = span_corruption(text, block_size, padded_length)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -167,14 +173,8 @@ def span(text, block_size, padded_length, draws, seed):
 def span_corpus(block_size, padded_length):
     """One example of every line of wiki.txt, as each epoch of pretraining builds: the
     number of lines, or a Failure naming the first line whose example raised."""
-    import dataset
-
-    cls = dataset.CharCorruptionDataset
-    extra = {}
-    if 'padded_length' in inspect.signature(cls).parameters:
-        extra['padded_length'] = padded_length
     with open('wiki.txt', encoding='utf-8') as f:
-        corpus = cls(f.read(), block_size, **extra)
+        corpus = span_corruption(f.read(), block_size, padded_length)
     random.seed(0)
     for i in range(len(corpus)):
         try:

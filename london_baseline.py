@@ -10,15 +10,17 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / 'src'))
-import files  # noqa: E402
 import utils  # noqa: E402
+from machinery import files  # noqa: E402
 
 ACCURACY_FILE = 'london_baseline_accuracy.txt'
 
 
 # [part d]
 def london_baseline(eval_corpus_path='birth_dev.tsv'):
-    """(total, correct) when every prediction is "London"."""
+    """(total, correct) when every prediction is "London".
+    Helpers: files.read_lines(path) gives the file's lines, and
+    utils.evaluate_places(path, predictions) the (total, correct) of a list of predictions."""
     return utils.evaluate_places(
         eval_corpus_path, ['London'] * len(files.read_lines(eval_corpus_path))
     )

@@ -259,9 +259,9 @@ def machinery(variant, vocab_size=40, block_size=128):
     Raises Failure naming the stage and where in the submission it failed."""
     import torch.nn as nn
 
-    import decoding
     import trainer
     import utils
+    from machinery import decoding
 
     extra = {'synthesizer': dict(synthesizer=True), 'rope': dict(rope=True)}.get(variant, {})
     if variant == 'perceiver':

@@ -10,26 +10,33 @@ covers, labelled as the handout labels it: `# [part e]` (every edition) or
 `# [part g, 2021]` (that edition only; 2024 covers 2025). The statement is a def or an
 if; the starter keeps its first line and docstring and replaces the rest of its body with
 `raise NotImplementedError("[part e] ...")`, and the marker becomes `# TODO [part e] ...`.
+What belongs to some editions only is marked the same way, `# [2023]` (or a part's
+`# [part g, 2023]`): the other editions' starters leave out the statement under it (an if
+with an else leaves its else branch in its place; a marker above a line that starts no
+statement, an argument or a dict's entry, covers that line), so that a starter holds its
+edition's variants only, and src/perceiver.py is in the 2023 starter alone.
 Everything else is our code, so a completed starter trains through the student's code
 with our speed, resumable runs and checks.
 """
 
 import argparse
 import ast
+import io
 import re
 import shutil
 import subprocess
 import sys
-import textwrap
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 EDITIONS = ('2021', '2023', '2024', '2025')
 # what the starter holds: the code, the grader to check it with, and the data's README;
 # never the tests (they test our solution), the published results or the starter writer.
-# Of src/, the modules the handout's scripts import (handout_modules): not the research
-# layer or our tools (bench, reproduce, plot, ...)
+# Of src/, the machinery package and the modules the handout's scripts import
+# (handout_modules): not the research layer or our tools (bench, reproduce, plot, ...)
 INCLUDED = [
+    'src/machinery',
     'grading',
     'mingpt-demo',
     'data/README.md',
@@ -43,13 +50,31 @@ INCLUDED = [
 EXCLUDED = {'grading/starter.py'}
 MARKED = ['src/*.py', 'london_baseline.py']  # the files the markers may be in
 STUB = 'raise NotImplementedError("'
-# the lines that make the edition the starter's default, in run.py and collect_submission.sh
-DEFAULTS = {
-    'src/run.py': ("DEFAULT_EDITION = None", "DEFAULT_EDITION = '{edition}'"),
-    'collect_submission.sh': ('edition="${1:-2021}"', 'edition="${{1:-{edition}}}"'),
+# what the starter changes in a file: the edition made the default, in run.py and
+# collect_submission.sh, and no path that exists only on this project's machines
+REPLACED = {
+    'src/run.py': [("DEFAULT_EDITION = None", "DEFAULT_EDITION = '{edition}'")],
+    'collect_submission.sh': [('edition="${1:-2021}"', 'edition="${{1:-{edition}}}"')],
+    'data/README.md': [
+        (
+            '; on the course machines they sit beside this\nproject in `../shared/data/`:\n\n'
+            '    cp ../shared/data/* data/\n',
+            '.\n',
+        )
+    ],
+    '.gitignore': [
+        (
+            "# the reference run's checkout and outputs (issue 8): a fixed commit, run in the "
+            "background\n/longrun/\n",
+            '',
+        )
+    ],
+    'pyproject.toml': [('["mingpt-demo", "longrun"]', '["mingpt-demo"]')],
 }
-MARKER = re.compile(r'^(\s*)# (\[part [a-g](?:, \d{4})?\](?: \[part [a-g](?:, \d{4})?\])*)(.*)$')
-TAG = re.compile(r'\[part ([a-g])(?:, (\d{4}))?\]')
+# the files of one edition only
+EDITION_FILES = {'src/perceiver.py': '2023'}
+TAG = r'\[(?:part [a-g](?:, \d{4})?|\d{4})\]'  # [part e], [part g, 2021] or [2021]
+MARKER = re.compile(rf'^(\s*)# ({TAG}(?: {TAG})*)(.*)$')
 
 README = """# The assignment's starter ({edition} edition: vanilla and {variant})
 
@@ -79,8 +104,8 @@ what:
     src/utils.py       sampling and evaluate_places
     london_baseline.py the London baseline (d)
     grading/           the grader
-
-{machinery}
+    src/machinery/     what makes training fast, resumable and checked: it works around
+                       your code, and you never need to open it
 
 ## A first run (a minute or two)
 
@@ -159,42 +184,113 @@ PHASES = [
 # the edition's second variant and the flags its handout's commands pass
 VARIANTS = {'2021': ('synthesizer', ''), '2023': ('perceiver', ' --bottleneck_dim 64'),
             '2024': ('rope', ''), '2025': ('rope', '')}  # fmt: skip
-HANDOUT_FILES = {'run', 'dataset', 'model', 'attention', 'trainer', 'utils', 'perceiver'}
 
 
-def applies(tags, edition):
-    """Whether a marker's tags ([('e', ''), ('g', '2021')]) name this edition."""
-    edition = '2024' if edition == '2025' else edition
-    return any(year in ('', edition) for _, year in tags)
+def parts_of(label):
+    """The part letters of a marker's label: '[part c] [part g]' -> ['c', 'g']."""
+    return re.findall(r'\[part ([a-g])', label)
 
 
-def stubs(text, edition):
-    """The marked regions of a source file for the edition: a list of (first, last, lines),
-    1-based lines first..last of `text` to be replaced by `lines`."""
-    lines = text.split('\n')
-    statements = {}  # the first line of each def/if -> its node
-    classes = {}  # a method -> its class's name
+def applies(label, edition):
+    """Whether a marker's label names this edition: it names no year, or this one."""
+    years = set(re.findall(r'(\d{4})\]', label))
+    return not years or ('2024' if edition == '2025' else edition) in years
+
+
+def statements(text):
+    """{the first line of each statement (its decorators' if any): the outermost statement
+    there}, and {a method: its class's name}."""
+    starts, classes = {}, {}
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.ClassDef):
             classes.update({child: node.name for child in node.body})
-        if isinstance(node, (ast.FunctionDef, ast.If)):
+        if isinstance(node, ast.stmt):
             first = min([node.lineno] + [d.lineno for d in getattr(node, 'decorator_list', [])])
-            statements[first] = node
+            starts.setdefault(first, node)
+    return starts, classes
+
+
+def bracket_depths(text):
+    """{line: how many brackets are open at its end}, for the lines that end open ones."""
+    depth, depths = 0, {}
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.OP and token.string in '([{':
+            depth += 1
+        elif token.type == tokenize.OP and token.string in ')]}':
+            depth -= 1
+        depths[token.end[0]] = depth
+    return depths
+
+
+def element_end(depths, first):
+    """The last line of the element (an argument, a dict's entry) that starts on line
+    `first`: the first line from there that closes what it opens."""
+    before = depths.get(first - 1, 0)
+    last = first
+    while depths.get(last, before) > before:
+        last += 1
+    return last
+
+
+def for_edition(text, edition):
+    """text without what the markers give to other editions (the module's docstring says
+    how), and without the markers that name editions only."""
+    lines = text.split('\n')
+    starts, _ = statements(text)
+    depths = bracket_depths(text)
+    regions, skip_to = [], 0
+    for number, line in enumerate(lines, start=1):
+        match = MARKER.match(line)
+        if number <= skip_to or not match:
+            continue
+        label = match.group(2)
+        if applies(label, edition):
+            if not parts_of(label):  # the marker's words stay, as a comment
+                indent, said = match.group(1), match.group(3)
+                regions.append((number, number, [f"{indent}#{said}"] if said.strip() else []))
+            continue
+        node = starts.get(number + 1)
+        last = node.end_lineno if node is not None else element_end(depths, number + 1)
+        kept = []
+        if isinstance(node, ast.If) and node.orelse:
+            first = node.orelse[0].lineno
+            if lines[first - 1].lstrip().startswith('elif'):
+                raise ValueError(f"line {number}: the if under '{label}' has an elif")
+            shift = node.orelse[0].col_offset - node.col_offset
+            kept = [row[shift:] for row in lines[first - 1 : last]]
+        skip_to = last
+        first = number
+        if not kept and first > 1 and not lines[first - 2].strip():
+            # no blank lines doubled where the statement was, and none left alone
+            if last < len(lines) and not lines[last].strip():
+                while last < len(lines) and not lines[last].strip():
+                    last += 1
+            else:
+                while first > 1 and not lines[first - 2].strip():
+                    first -= 1
+        regions.append((first, last, kept))
+    return stubbed(text, regions)
+
+
+def stubs(text, edition):
+    """The parts' regions of a source file for the edition: a list of (first, last, lines),
+    1-based lines first..last of `text` to be replaced by `lines`."""
+    lines = text.split('\n')
+    starts, classes = statements(text)
     regions = []
     for number, line in enumerate(lines, start=1):
         match = MARKER.match(line)
-        if not match:
+        if not match or not parts_of(match.group(2)):
             continue
         indent, label, said = match.groups()
-        node = statements.get(number + 1)
-        if node is None:
+        node = starts.get(number + 1)
+        if not isinstance(node, (ast.FunctionDef, ast.If)):
             raise ValueError(f"line {number}: '{label}' is not right above a def or an if")
         if isinstance(node, ast.If) and node.orelse:
             raise ValueError(f"line {number}: the if under '{label}' has an else; mark a def")
-        tags = TAG.findall(label)
-        if not applies(tags, edition):
+        if not applies(label, edition):
             continue
-        parts = ' '.join(f"[part {letter}]" for letter, _ in tags)
+        parts = ' '.join(f"[part {letter}]" for letter in parts_of(label))
         documented = isinstance(node, ast.FunctionDef) and ast.get_docstring(node) is not None
         if said.strip():
             what = said.strip()
@@ -269,17 +365,18 @@ def starter_files(edition):
     files = {}
     for p in sorted(tracked_files()):
         relative = p.relative_to(ROOT).as_posix()
-        if relative in EXCLUDED or not any(
-            relative == name or relative.startswith(name + '/') for name in included
+        if (
+            relative in EXCLUDED
+            or EDITION_FILES.get(relative, edition) != ('2024' if edition == '2025' else edition)
+            or not any(relative == name or relative.startswith(name + '/') for name in included)
         ):
             continue
         text = None
         if p in marked:
-            text = p.read_text(encoding='utf-8')
+            text = for_edition(p.read_text(encoding='utf-8'), edition)
             text = stubbed(text, stubs(text, edition))
-        if relative in DEFAULTS:
+        for old, new in REPLACED.get(relative, []):
             text = p.read_text(encoding='utf-8') if text is None else text
-            old, new = DEFAULTS[relative]
             if text.count(old) != 1:
                 raise ValueError(f"{relative}: '{old}' should occur once")
             text = text.replace(old, new.format(edition=edition))
@@ -334,12 +431,6 @@ def write_starter(edition, out):
         perceiver_line='\n    src/perceiver.py   the perceiver\'s blocks (g)'
         if edition == '2023'
         else '',
-        machinery=textwrap.fill(
-            f"The other modules in src/ ({', '.join(sorted(handout_modules() - HANDOUT_FILES))})"
-            " make training fast, resumable and checked; they work around your code, and you "
-            "never need to open them.",
-            90,
-        ),
         commands=commands_list(edition),
     )
     (out / 'README.md').write_text(readme, encoding='utf-8')

@@ -29,7 +29,7 @@ where invented people were born: names made of first and last names of the finet
 file that occur nowhere in wiki.txt or the finetuning file (part 3c).
 """
 
-import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
+import machinery.cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch)
 
 import argparse
 import collections
@@ -43,14 +43,10 @@ import sys
 import torch
 from torch.nn import functional as F
 
-import checks
 import dataset
-import decoding
-import devices
-import files
-import params_files
 import plot
 import run
+from machinery import checks, decoding, devices, files, params_files
 
 CATEGORIES = ['correct', 'own document', 'prior', 'made up']
 PRIOR_PLACES = 10  # the most frequent finetuning places that count as the prior

@@ -1,17 +1,11 @@
-"""The attention variants that plug into the GPT of model.py, as the handout writes them.
-
-CausalSelfAttention is handout eq. 9-10; with config.rope (2024/25 editions) it rotates
-queries and keys by their positions (precompute_rotary_emb, apply_rotary_emb).
-SynthesizerAttention is handout eq. 11, where the scores of each position come from that
-position alone instead of from pairs of positions.
-CausalCrossAttention (2023 edition, the perceiver) takes keys/values from one sequence and
-queries from another; perceiver.py's DownProjectBlock and UpProjectBlock are built on it.
+"""The attention layers that plug into the GPT of model.py, as the handout writes them;
+each class's docstring says which equations it computes.
 
 Each forward() takes plain (B, T, C) tensors whose positions start at 0, in training and in
 evaluation, and computes the handout's equations written out: the parts a student writes
 have these signatures, and a student's code and ours are interchangeable. What makes
 training and decoding fast is done around these calls, never inside them (packing.py,
-decoding.py, dropout.py, devices.py). Their parameter names match the original starter
+src/machinery/). Their parameter names match the original starter
 code, so .params files load both ways.
 """
 
@@ -26,8 +20,8 @@ from torch.nn import functional as F
 def precompute_rotary_emb(dim, max_positions):
     """RoPE's rotations for head size `dim`: a (max_positions, dim/2, 2) tensor holding
     (cos(t theta_i), sin(t theta_i)) for position t and pair i, theta_i = 10000^(-2(i-1)/d)
-    for i = 1..d/2 (the 2024 handout's formula; the course's starter had the exponent's sign
-    wrong in this docstring)."""
+    for i = 1..d/2 (the handout's formula; the course's starter had the exponent's sign wrong
+    in this docstring)."""
     theta = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,)
     angles = (
         torch.arange(max_positions, dtype=torch.float64)[:, None] * theta[None, :]
@@ -56,7 +50,8 @@ def causal_mask(block_size):
 
 
 class CausalSelfAttention(nn.Module):
-    """A vanilla multi-head masked self-attention layer with a projection at the end."""
+    """A vanilla multi-head masked self-attention layer with a projection at the end
+    (handout eq. 9-10)."""
 
     def __init__(self, config):
         super().__init__()
@@ -73,7 +68,8 @@ class CausalSelfAttention(nn.Module):
         # causal mask to ensure that attention is only applied to the left in the input sequence
         self.register_buffer("mask", causal_mask(config.block_size))
         self.n_head = config.n_head
-        self.rope = getattr(config, 'rope', False)
+        # [2024] rotary position embeddings: q and k rotated by their positions
+        self.rope = config.rope
         # [part g, 2024] the buffer rope_cache: precompute_rotary_emb for a head's size
         if self.rope:
             self.register_buffer(
@@ -90,7 +86,7 @@ class CausalSelfAttention(nn.Module):
         k = self.key(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         q = self.query(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = self.value(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        # [part g, 2024] rotate q and k (not v) by their positions 0..T-1
+        # [part g, 2024] rotate q and k (not v) by their positions 0..T-1 (apply_rotary_emb)
         if self.rope:
             q = apply_rotary_emb(q, self.rope_cache)  # (B, nh, T, hs)
             k = apply_rotary_emb(k, self.rope_cache)  # (B, nh, T, hs)
@@ -103,6 +99,7 @@ class CausalSelfAttention(nn.Module):
         return self.resid_drop(self.proj(y))  # (B, T, C)
 
 
+# [2021]
 class SynthesizerAttention(nn.Module):
     """Handout eq. 11: per head i, softmax(ReLU(X A_i + b_1) B_i + b_2) (X V_i).
     w1 holds A_i and b_1 of all heads; w2 is B_i and b2 is b_2, shared by the heads as in
@@ -147,10 +144,12 @@ class SynthesizerAttention(nn.Module):
         return self.resid_drop(self.proj(y))  # (B, T, C)
 
 
+# [2023]
 class CausalCrossAttention(CausalSelfAttention):
     """Multi-head attention of the queries x_q (B, Tq, C) over the keys and values x_kv
-    (B, Tk, C), with a projection at the end (the 2023 edition's perceiver). Its layers
-    and their names are CausalSelfAttention's, as in the 2023 starter. The causal mask is
+    (B, Tk, C), with a projection at the end: perceiver.py's DownProjectBlock and
+    UpProjectBlock are built on it. Its layers and their names are CausalSelfAttention's,
+    as in the course's starter. The causal mask is
     the block_size one cut to [:Tq, :Tk]: query i sees x_kv's positions 0..i."""
 
     def forward(self, x_kv, x_q):

@@ -25,7 +25,7 @@ a GPU; vanilla and rope: model_flops does not count the synthesizer's or the
 perceiver's layers).
 """
 
-import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
+import machinery.cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch)
 
 import argparse
 import itertools
@@ -38,15 +38,10 @@ import torch
 import torch.nn as nn
 
 import dataset
-import decoding
-import devices
-import dropout
-import files
-import packing
-import params_files
 import run
 import trainer
 import utils
+from machinery import decoding, devices, dropout, files, packing, params_files
 
 
 def make_model(vocab_size, variant='vanilla', bottleneck_dim=32):

@@ -22,7 +22,7 @@ each band, and the AUROC with which the document probe's probability tells its r
 answers from its wrong ones.
 """
 
-import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
+import machinery.cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch)
 
 import argparse
 import json
@@ -32,9 +32,7 @@ import sys
 import torch
 
 import analyze
-import checks
-import decoding
-import files
+from machinery import checks, decoding, files
 
 PROBES = ['document', 'name', 'question']
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-import files
+from machinery import files
 
 PAD_CHAR = "\u25a1"  # id 0: never a target (the loss ignores id 0)
 MASK_CHAR = "\u2047"  # id 1: marks where the masked span was, and where an answer starts and ends
@@ -30,8 +30,8 @@ class CharCorruptionDataset(Dataset):
         [prefix]    "Khatchig Mouradian. Khatchig Mour"
         [masked]    "adian is a"
         [suffix]    " journalist"
-    gives  prefix MASK suffix MASK masked PAD PAD ...  (padded_length characters:
-    block_size, or block_size + 1 in the 2024/25 editions), with x = that[:-1] and y = that[1:].
+    gives  prefix MASK suffix MASK masked PAD PAD ...  (padded_length characters, the
+    edition's: run.py's EDITIONS), with x = that[:-1] and y = that[1:].
     """
 
     PAD_CHAR = PAD_CHAR

@@ -37,10 +37,9 @@ import sys
 import numpy as np
 
 import analyze
-import checks
 import dataset
-import files
 import run
+from machinery import checks, files
 
 
 def replay(corpus_text, edition='2021', seed=0, epochs=650):

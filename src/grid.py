@@ -24,7 +24,7 @@ after an interruption run the same command again; one made with other settings i
 refused before any work.
 """
 
-import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
+import machinery.cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch)
 
 import argparse
 import csv
@@ -34,15 +34,10 @@ import os
 import re
 import statistics
 
-import checks
-import devices
-import distributed
-import files
-import finetune_methods
-import params_files
 import plot
 import records
 import run
+from machinery import checks, devices, distributed, files, finetune_methods, params_files
 
 
 def parse_method(text):

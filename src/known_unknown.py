@@ -32,9 +32,8 @@ import statistics
 import sys
 
 import analyze
-import checks
-import files
 import grid
+from machinery import checks, files
 
 HEADER = ('| model | method | finetuning file | examples | runs | dev accuracy | often shown '
           '| never shown | median confidence: dev | invented | invented above 0.5 |')  # fmt: skip

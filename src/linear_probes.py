@@ -18,7 +18,7 @@ Each probe's test AUROC stands beside that of the model's own confidence in its 
 a probe above the confidence means the model holds, inside, what its answer does not show.
 """
 
-import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
+import machinery.cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch)
 
 import argparse
 import json
@@ -27,10 +27,8 @@ import sys
 import torch
 
 import analyze
-import checks
-import decoding
-import files
 import run
+from machinery import checks, decoding, files
 
 INVENTED = 600  # invented people: half to train the probe, half to test it
 

@@ -1,16 +1,12 @@
 """GPT language model (minGPT): token + learned position embeddings, a stack of pre-LayerNorm
 Transformer blocks, and a linear head over the vocabulary.
 
-The later editions' variants: rope (2024/25) drops the position embedding, as the
-attention rotates queries and keys instead (attention.py); the perceiver (2023) is a GPT
-with other blocks (perceiver.py).
-
 forward() is what training and evaluation both call: logits for every position (every
 kept one, with packing), and the loss if targets are given. Two optional arguments make it
 faster without changing what it computes, both working around the attention layers, which
 always see plain (B, T, C) inputs: the trainer's packing (only the positions that can affect
-the loss, packing.py) and the decoder's cache (each attention layer's earlier inputs, so
-that the other layers compute only the newest position, decoding.py).
+the loss, machinery/packing.py) and the decoder's cache (each attention layer's earlier
+inputs, so that the other layers compute only the newest position, machinery/decoding.py).
 """
 
 import torch
@@ -22,15 +18,17 @@ import attention
 
 class GPTConfig:
     """Base GPT config, params common to all GPT versions. Keyword arguments set any other
-    attribute: n_layer, n_head, n_embd, and synthesizer=True for SynthesizerAttention,
-    rope=True for rotary position embeddings, and bottleneck_dim for perceiver.py's model."""
+    attribute: n_layer, n_head, n_embd, and the variants' settings below."""
 
     embd_pdrop = 0.1
     resid_pdrop = 0.1
     attn_pdrop = 0.1
+    # [2021] True: SynthesizerAttention in every block
     synthesizer = False
-    rope = False
+    # [2023] the bottleneck's positions in perceiver.py's model
     bottleneck_dim = None
+    # [2024] True: rotary position embeddings instead of learned ones
+    rope = False
 
     def __init__(self, vocab_size, block_size, **kwargs):
         self.vocab_size = vocab_size
@@ -55,6 +53,7 @@ class Block(nn.Module):
         super().__init__()
         self.ln1 = nn.LayerNorm(config.n_embd)
         self.ln2 = nn.LayerNorm(config.n_embd)
+        # [2021]
         if config.synthesizer:
             self.attn = attention.SynthesizerAttention(config)
         else:
@@ -81,18 +80,20 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
-        if not config.rope:
+        # [2024] rope has no position embedding: attention rotates q and k instead
+        if config.rope:
+            self.pos_emb = None
+        else:
             self.pos_emb = nn.Parameter(torch.zeros(1, config.block_size, config.n_embd))
         self.drop = nn.Dropout(config.embd_pdrop)
         self.build_blocks(config)
         self.ln_f = nn.LayerNorm(config.n_embd)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.block_size = config.block_size
-        self.rope = config.rope
         self.apply(self._init_weights)
 
     def build_blocks(self, config):
-        """The Transformer blocks between the embeddings and the head (perceiver.py has its own)."""
+        """The Transformer blocks between the embeddings and the head."""
         self.blocks = nn.Sequential(*[Block(config) for _ in range(config.n_layer)])
 
     def _init_weights(self, module):
@@ -123,7 +124,7 @@ class GPT(nn.Module):
         end = t if cache is None else int(cache.positions.max()) + 1
         assert end <= self.block_size, "Cannot forward, model block size is exhausted."
         x = self.tok_emb(idx)  # (B, T, C)
-        if not self.rope:  # rope has no position embedding: attention rotates q and k instead
+        if self.pos_emb is not None:
             if cache is None:
                 x = x + self.pos_emb[:, : idx.size(1), :]  # (B, T, C)
             else:

@@ -26,9 +26,8 @@ import re
 import sys
 
 import analyze
-import checks
-import files
 import plot
+from machinery import checks, files
 
 
 def read_checkpoint(path):

@@ -17,7 +17,7 @@ import csv
 import os
 import sys
 
-import files
+from machinery import files
 
 
 def read_metrics(path):

@@ -13,10 +13,8 @@ import shlex
 import subprocess
 import sys
 
-import files
-import metrics
-import resume
 import run
+from machinery import files, metrics, resume
 
 
 def run_command(argv):

@@ -17,7 +17,7 @@ from: an output made with other settings is refused, naming the file, before any
 and one whose params have changed since is made again. The table goes to results.md.
 """
 
-import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
+import machinery.cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch)
 
 import argparse
 import os
@@ -30,10 +30,8 @@ import utils
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from london_baseline import london_baseline, write_accuracy  # noqa: E402
 
-import devices
-import distributed
-import files
 import records
+from machinery import devices, distributed, files
 
 
 def parse_args(argv):

@@ -1,5 +1,5 @@
-"""The assignment's command line: pretrain, finetune or evaluate a GPT of any variant
-(vanilla and synthesizer: 2021 edition; perceiver: 2023; rope: 2024/25).
+"""The assignment's command line: pretrain, finetune or evaluate a GPT, vanilla or the
+edition's second variant.
 
     python src/run.py pretrain vanilla wiki.txt --writing_params_path vanilla.pretrain.params
     python src/run.py finetune vanilla wiki.txt --reading_params_path vanilla.pretrain.params \\
@@ -14,7 +14,7 @@ of the parsed arguments, and everything that can be checked is checked before an
 training starts.
 """
 
-import cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch loads them)
+import machinery.cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch)
 
 import argparse
 import os
@@ -23,20 +23,24 @@ import sys
 
 import torch
 
-import checks
 import dataset
-import decoding
-import devices
-import distributed
-import files
-import finetune_methods
-import metrics
 import model
-import params_files
+
+# [2023]
 import perceiver
-import resume
 import trainer
 import utils
+from machinery import (
+    checks,
+    decoding,
+    devices,
+    distributed,
+    files,
+    finetune_methods,
+    metrics,
+    params_files,
+    resume,
+)
 
 BLOCK_SIZE = 128
 MODEL_SIZE = dict(n_layer=4, n_head=8, n_embd=256)
@@ -44,25 +48,47 @@ ANSWER_LENGTH = 32  # characters decoded after each question
 
 # What differs between the editions. Pretraining's cosine schedule reaches its end after
 # pretrain_schedule_epochs epochs' tokens (finetuning's always after 200); span-corruption
-# strings are padded to pretrain_padded_length, so x and y are one shorter. The 2024/25
-# settings apply to vanilla too: a 2024/25 student passes --edition 2024 for vanilla.
+# strings are padded to pretrain_padded_length, so x and y are one shorter. An edition's
+# settings apply to vanilla too (--edition, or a starter's DEFAULT_EDITION).
 # second_variant: the one beside vanilla, with the flags its handout's commands pass;
 # london_accuracy_file: the submission holds the London baseline's accuracy.
 EDITIONS = {
-    '2021': dict(pretrain_schedule_epochs=200, pretrain_padded_length=BLOCK_SIZE,
-                 second_variant=('synthesizer', []), london_accuracy_file=False),
-    '2023': dict(pretrain_schedule_epochs=200, pretrain_padded_length=BLOCK_SIZE,
-                 second_variant=('perceiver', ['--bottleneck_dim', '64']),
-                 london_accuracy_file=False),
-    '2024': dict(pretrain_schedule_epochs=650, pretrain_padded_length=BLOCK_SIZE + 1,
-                 second_variant=('rope', []), london_accuracy_file=True),
-    '2025': dict(pretrain_schedule_epochs=650, pretrain_padded_length=BLOCK_SIZE + 1,
-                 second_variant=('rope', []), london_accuracy_file=True),
-}  # fmt: skip
+    # [2021]
+    '2021': dict(
+        pretrain_schedule_epochs=200,
+        pretrain_padded_length=BLOCK_SIZE,
+        second_variant=('synthesizer', []),
+        london_accuracy_file=False,
+    ),
+    # [2023]
+    '2023': dict(
+        pretrain_schedule_epochs=200,
+        pretrain_padded_length=BLOCK_SIZE,
+        second_variant=('perceiver', ['--bottleneck_dim', '64']),
+        london_accuracy_file=False,
+    ),
+    # [2024]
+    '2024': dict(
+        pretrain_schedule_epochs=650,
+        pretrain_padded_length=BLOCK_SIZE + 1,
+        second_variant=('rope', []),
+        london_accuracy_file=True,
+    ),
+    # [2024]
+    '2025': dict(
+        pretrain_schedule_epochs=650,
+        pretrain_padded_length=BLOCK_SIZE + 1,
+        second_variant=('rope', []),
+        london_accuracy_file=True,
+    ),
+}
 # The edition a command follows without --edition: None for the variant's own; a starter
 # (grading/starter.py) names the edition it was written for.
 DEFAULT_EDITION = None
-VARIANT_EDITION = {'vanilla': '2021', 'synthesizer': '2021', 'perceiver': '2023', 'rope': '2024'}
+VARIANT_EDITION = {}  # each variant's own edition: the first that has it
+for _name, _settings in EDITIONS.items():
+    for _variant in ('vanilla', _settings['second_variant'][0]):
+        VARIANT_EDITION.setdefault(_variant, _name)
 
 
 def parse_args(argv=None):
@@ -74,7 +100,7 @@ def parse_args(argv=None):
     )
     argp.add_argument(
         'variant',
-        choices=["vanilla", "synthesizer", "perceiver", "rope"],
+        choices=list(VARIANT_EDITION),
         help="Which variant of the model to run",
     )
     argp.add_argument(
@@ -104,7 +130,8 @@ def parse_args(argv=None):
 
 
 def add_later_editions(argp):
-    """The flags the 2023 and 2024/25 editions added, and --edition to pick one."""
+    """The flags the later editions added, and --edition to pick one."""
+    # [2023]
     argp.add_argument(
         '--bottleneck_dim',
         type=int,
@@ -185,8 +212,10 @@ def pretrain(args):
     """Span-corruption pretraining of the variant's model on the corpus, with the handout's
     Trainer settings: 650 epochs, batch 128, learning rate args.pretrain_lr (6e-3), lr_decay,
     warmup_tokens 512*20 and final_tokens = E * len(pretrain_dataset) * BLOCK_SIZE, where E is
-    the edition's pretrain_schedule_epochs (2021, 2023: 200; 2024/25: 650). train() writes
-    the params to --writing_params_path."""
+    the edition's pretrain_schedule_epochs (EDITIONS).
+    Helpers: load_pretrain_dataset(args) and build_model(args, pretrain_dataset) give the
+    data and the model, trainer.TrainerConfig(...) the settings, and
+    train(args, gpt, pretrain_dataset, config) trains and writes --writing_params_path."""
     pretrain_dataset = load_pretrain_dataset(args)
     gpt = build_model(args, pretrain_dataset)
     schedule_epochs = EDITIONS[args.edition]['pretrain_schedule_epochs']
@@ -208,8 +237,11 @@ def finetune(args):
     check_args has read and checked into args.reading_state. The handout's Trainer settings:
     75 epochs from scratch, 10 from pretrained params; batch 256, learning rate
     args.finetune_lr (6e-4), lr_decay, warmup_tokens 512*20 and
-    final_tokens = 200 * len(pretrain_dataset) * BLOCK_SIZE. train() writes the params to
-    --writing_params_path."""
+    final_tokens = 200 * len(pretrain_dataset) * BLOCK_SIZE.
+    Helpers: load_pretrain_dataset(args) and build_model(args, pretrain_dataset) give the
+    vocabulary's data and the model; files.read_text(path) the finetuning corpus's text;
+    trainer.TrainerConfig(...) the settings; train(args, gpt, names, config) trains and
+    writes --writing_params_path."""
     pretrain_dataset = load_pretrain_dataset(args)
     gpt = build_model(args, pretrain_dataset)
     max_epochs = 75
@@ -271,15 +303,26 @@ def load_pretrain_dataset(args):
 
 def build_model(args, pretrain_dataset):
     utils.set_seed(args.seed)
-    return new_model(args.variant, pretrain_dataset.vocab_size, args.bottleneck_dim)
+    return new_model(
+        args.variant,
+        pretrain_dataset.vocab_size,
+        # [2023]
+        args.bottleneck_dim,
+    )
 
 
 # [part c] [part g]
-def new_model(variant, vocab_size, bottleneck_dim=32):
-    """A freshly initialised model of the variant, a GPT of MODEL_SIZE with block size
-    BLOCK_SIZE: vanilla (part c); synthesizer, with SynthesizerAttention in every block
-    (2021, part g); perceiver, the PerceiverGPT of perceiver.py with bottleneck_dim
-    positions (2023); rope, rotary position embeddings instead of learned ones (2024/25)."""
+def new_model(
+    variant,
+    vocab_size,
+    # [2023]
+    bottleneck_dim=32,
+):
+    """A freshly initialised model of the variant: a GPT of MODEL_SIZE with block size
+    BLOCK_SIZE, vanilla (part c) or the edition's second variant (part g).
+    Helpers: model.GPTConfig(vocab_size, BLOCK_SIZE, **MODEL_SIZE, ...) takes the variant's
+    settings (GPTConfig lists them); model.GPT(config) is the model, and a variant with a
+    module of its own has its model class there."""
     config = model.GPTConfig(
         vocab_size,
         BLOCK_SIZE,
@@ -414,7 +457,12 @@ def check_args(args):
         # loaded into a model built for the check alone, with the random state put back
         # after its initialisation: checking changes nothing that a seeded run draws
         with torch.random.fork_rng(devices=[]):
-            gpt = new_model(args.variant, len(vocab) + 2, args.bottleneck_dim)
+            gpt = new_model(
+                args.variant,
+                len(vocab) + 2,
+                # [2023]
+                args.bottleneck_dim,
+            )
             args.reading_state = params_files.load_params(
                 args.reading_params_path, gpt, args.pretrain_corpus_path, model_name(args.variant)
             )

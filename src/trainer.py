@@ -17,15 +17,8 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-import checks
-import devices
-import distributed
-import dropout
-import files
-import metrics
-import params_files
-import resume
-from packing import Packing, target_count, target_lengths
+from machinery import checks, devices, distributed, dropout, files, metrics, params_files, resume
+from machinery.packing import Packing, target_count, target_lengths
 
 
 class TrainerConfig:
@@ -72,9 +65,9 @@ class Trainer:
         self.config = config
         self.device = devices.pick_device(config.device)
         self.model = model.to(self.device)
-        # around the handout's code: its nn.Dropout draws faster on the CPU (dropout.py),
-        # and RoPE rotates in fp32 under autocast (devices.rotate_in_fp32)
+        # around the handout's code: its nn.Dropout draws faster on the CPU (dropout.py)
         dropout.use_in(model)
+        # [2024] and RoPE rotates in fp32 under autocast (a complex-number one has no bf16)
         devices.rotate_in_fp32(model)
         if config.compile:
             devices.compile_model(model, self.device)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from files import read_lines
+from machinery.files import read_lines
 
 
 def set_seed(seed):

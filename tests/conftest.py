@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / 'src'))
-import cpu_libraries  # noqa: E402,F401 (before torch loads, as the scripts do)
+import machinery.cpu_libraries  # noqa: E402,F401 (before torch loads, as the scripts do)
 
 import os  # noqa: E402
 import re  # noqa: E402
@@ -162,7 +162,7 @@ def params(tiny):
 
 def packed_loss(gpt, idx, targets, packing=None):
     """The loss the trainer computes: GPT.forward on only the positions that can change it."""
-    from packing import Packing, target_lengths
+    from machinery.packing import Packing, target_lengths
 
     if packing is None:
         packing = Packing(target_lengths(targets), device=targets.device)

@@ -11,7 +11,7 @@ import time
 step, marker, script = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 sys.argv = sys.argv[3:]  # as if `python src/run.py ARGS...` had been typed
 sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-import cpu_libraries  # noqa: E402,F401 (before torch loads, as run.py does)
+import machinery.cpu_libraries  # noqa: E402,F401 (before torch loads, as run.py does)
 
 import trainer  # noqa: E402
 

@@ -11,12 +11,11 @@ import random
 import pytest
 import torch
 
-import decoding
-import resume
 import run
 import trainer
 import utils
 from conftest import ROOT, packed_loss
+from machinery import decoding, resume
 from test_distributed import csv_losses
 from test_model import SMALL, VARIANTS, make_gpt, ragged_batch
 from test_trainer import tiny_setup

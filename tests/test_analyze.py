@@ -12,9 +12,9 @@ from torch.nn import functional as F
 
 import analyze
 import dataset
-import files
 import run
 from conftest import write
+from machinery import files
 
 CORPUS = '\n'.join([
     'Ada Lovelace. Ada Lovelace was born in London and lived in Paris .',

@@ -6,7 +6,7 @@ import torch
 
 import bench
 import dataset
-import files
+from machinery import files
 
 
 def test_the_decoding_model_is_the_params_files(params):

@@ -410,8 +410,7 @@ class EmptyLineFails:
 def test_an_example_the_dataset_cannot_build_stops_the_run_before_training():
     """checks.check_examples builds each example once, as an epoch will, and puts the
     random states back: the run draws what it would have drawn."""
-    import checks
-    import files
+    from machinery import checks, files
 
     random.seed(1)
     expected = [random.random() for _ in range(3)]
@@ -428,8 +427,8 @@ def test_an_example_the_dataset_cannot_build_stops_the_run_before_training():
 
 
 def test_the_trainer_checks_every_example_before_its_first_step():
-    import files
     import trainer
+    from machinery import files
     from test_trainer import tiny_setup
 
     gpt, _, config = tiny_setup()

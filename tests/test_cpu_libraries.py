@@ -1,8 +1,6 @@
 """cpu_libraries.py: the MKL and oneDNN settings reach the libraries from the command line,
 a user's own value wins, and the kernel cache cap changes no result."""
 
-import cpu_libraries
-
 import os
 import re
 import subprocess
@@ -14,6 +12,7 @@ import torch
 
 import utils
 from conftest import ROOT, cli
+from machinery import cpu_libraries
 
 # torch's own condition for handing bf16 products to oneDNN (AVX-512 or bf16 instructions);
 # elsewhere its kernels emulate them (ONEDNN_VERBOSE lists no primitive), 20 times slower,
@@ -60,7 +59,7 @@ def test_onednn_kernel_cache_is_capped_unless_the_user_set_it(users_value, expec
         [
             sys.executable,
             '-c',
-            'import os, cpu_libraries; print(os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"])',
+            'import os, machinery.cpu_libraries; print(os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"])',
         ],
         cwd=Path(utils.__file__).parent,
         env=env,

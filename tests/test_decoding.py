@@ -5,10 +5,10 @@ handling of unknown characters and long questions."""
 import pytest
 import torch
 
-import decoding
 import run
 import utils
 from conftest import main, write
+from machinery import decoding
 from test_model import SMALL, VARIANTS, make_gpt
 
 

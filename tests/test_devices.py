@@ -8,11 +8,9 @@ import pytest
 import torch
 
 import dataset
-import devices
-import files
-import finetune_methods
 import trainer
 from conftest import main, tiny_corpus
+from machinery import devices, files, finetune_methods
 from test_model import VARIANTS, make_gpt
 
 

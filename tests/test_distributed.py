@@ -13,13 +13,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import dataset
-import distributed
-import finetune_methods
 import model
-import packing
-import resume
 import trainer
 from conftest import ROOT, tiny_corpus, wait_for
+from machinery import distributed, finetune_methods, packing, resume
 
 
 def setup(folder, method='full', **overrides):

@@ -8,8 +8,8 @@ import torch
 import torch.nn as nn
 
 import bench
-import dropout
 import trainer
+from machinery import dropout
 from test_trainer import tiny_setup
 
 

@@ -8,10 +8,10 @@ import zipfile
 import pytest
 import torch
 
-import params_files
 import reproduce
 import run
 import trainer
+from machinery import params_files
 from test_metrics import tensorboard_scalars
 from test_run import CORRECT_LINE, main, submission_folder
 

@@ -10,8 +10,8 @@ import subprocess
 import pytest
 import torch
 
-import files
 from conftest import PYTHON, ROOT
+from machinery import files
 
 
 def test_interrupted_save_leaves_the_old_file_whole(tmp_path):

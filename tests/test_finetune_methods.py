@@ -9,12 +9,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-import files
-import finetune_methods
 import model
 import perceiver
 import trainer
 from conftest import cli, main, packed_loss
+from machinery import files, finetune_methods
 from test_resume import train_to_end
 from test_trainer import tiny_setup
 

@@ -6,6 +6,7 @@ syntax error fails its tests with a one-line reason and the grading goes on."""
 import csv
 import hashlib
 import json
+import re
 import shutil
 import sys
 import zipfile
@@ -150,6 +151,8 @@ def test_each_edition_stubs_its_parts_and_a_completed_starter_is_our_code(editio
         for line in text.split('\n'):
             if starter.STUB in line:
                 found.add((relative, line.strip()[len(starter.STUB) :]))
+        if relative.endswith('.py'):
+            ours = starter.for_edition(ours, edition)
         regions = starter.stubs(ours, edition) if relative.endswith('.py') else []
         originals = [ours.split('\n')[first - 1 : last] for first, last, _ in regions]
         completed, lines = [], iter(originals)
@@ -158,13 +161,80 @@ def test_each_edition_stubs_its_parts_and_a_completed_starter_is_our_code(editio
                 completed.extend(next(lines))
             else:
                 completed.append(line)
-        if relative in starter.DEFAULTS:
-            old, new = starter.DEFAULTS[relative]
+        for old, new in starter.REPLACED.get(relative, []):
             ours = ours.replace(old, new.format(edition=edition))
         assert '\n'.join(completed) == ours, relative
     for relative, words in expected:
         assert any(f == relative and w.startswith(words) for f, w in found), (words, found)
     assert len(found) == len(expected)
+
+
+# words of the variants of other editions, none of which an edition's starter may hold in
+# the files a student reads
+OTHER_EDITIONS = {
+    '2021': r'\brope\b|rotary|perceiver|bottleneck|CrossAttention|ProjectBlock',
+    '2023': r'synthesizer|\brope\b|rotary',
+    '2024': r'synthesizer|perceiver|bottleneck|CrossAttention|ProjectBlock',
+}
+
+
+@pytest.mark.parametrize('edition', EDITIONS)
+def test_a_starter_holds_its_edition_only(edition):
+    files = starter.starter_files(edition)
+    read = [r for r in files if r.endswith('.py') and r.count('/') <= 1 and 'grading' not in r]
+    assert 'src/run.py' in read and 'london_baseline.py' in read
+    assert ('src/perceiver.py' in files) == (edition == '2023')
+    words = OTHER_EDITIONS['2024' if edition == '2025' else edition]
+    for relative in read:
+        text = files[relative] or (ROOT / relative).read_text(encoding='utf-8')
+        found = re.findall(words, text, flags=re.IGNORECASE)
+        assert not found, (relative, found)
+        assert not re.search(r'# \[\d{4}\]', text), relative  # no marker left
+        compile(text, relative, 'exec')
+    for relative, text in files.items():  # no path of this project's machines
+        if text is None and not relative.endswith(('.ipynb', '.json')):
+            text = (ROOT / relative).read_text(encoding='utf-8')
+        assert not re.search(r'\.\./shared|longrun|/work/', text or ''), relative
+    # every other file of src/ is the machinery's, in its folder
+    assert {r for r in files if r.startswith('src/')} - set(read) == {
+        r for r in files if r.startswith('src/machinery/')
+    }
+
+
+def test_an_edition_marker_leaves_out_its_statement_elsewhere():
+    text = (
+        "x = dict(\n"
+        "    # [2023]\n"
+        "    a=(1,\n"
+        "       2),\n"
+        "    b=3,\n"
+        ")\n"
+        "# [2024] the rope case\n"
+        "if rope:\n"
+        "    y = 1\n"
+        "else:\n"
+        "    y = 2\n"
+        "    z = 3\n"
+        "\n"
+        "\n"
+        "# [2021]\n"
+        "class S:\n"
+        "    # [part g, 2021]\n"
+        "    def f(self):\n"
+        "        return 1\n"
+        "\n"
+        "\n"
+        "w = 4\n"
+    )
+    assert starter.for_edition(text, '2021') == (
+        "x = dict(\n    b=3,\n)\ny = 2\nz = 3\n\n\n"
+        "class S:\n    # [part g, 2021]\n    def f(self):\n        return 1\n\n\nw = 4\n"
+    )
+    assert starter.for_edition(text, '2025') == (
+        "x = dict(\n    b=3,\n)\n# the rope case\nif rope:\n    y = 1\nelse:\n    y = 2\n"
+        "    z = 3\n\n\nw = 4\n"
+    )
+    assert starter.for_edition(text, '2023').startswith("x = dict(\n    a=(1,\n       2),\n")
 
 
 def test_a_marker_must_sit_on_a_def_or_an_if():

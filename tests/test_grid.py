@@ -10,8 +10,8 @@ import statistics
 
 import pytest
 
-import devices
 import grid
+from machinery import devices
 
 BF16 = devices.cpu_has_native_bf16()  # what --precision auto means on this CPU
 

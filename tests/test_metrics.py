@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-import metrics
+from machinery import metrics
 
 
 def tensorboard_scalars(folder):

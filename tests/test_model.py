@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-import decoding
 import model
 import perceiver
 from conftest import packed_loss
+from machinery import decoding
 
 BLOCK = 128
 VARIANTS = {

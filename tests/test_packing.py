@@ -8,7 +8,7 @@ import torch
 
 import trainer
 from conftest import packed_loss
-from packing import Packing
+from machinery.packing import Packing
 from test_model import BLOCK, SMALL, VARIANTS, make_gpt, ragged_batch
 from test_trainer import tiny_setup
 

@@ -9,11 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-import files
-import finetune_methods
-import params_files
 import run
 from conftest import PYTHON, main
+from machinery import files, finetune_methods, params_files
 
 
 class CreatesFile:

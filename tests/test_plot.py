@@ -4,8 +4,8 @@ import csv
 
 import pytest
 
-import files
 import plot
+from machinery import files
 
 
 def write_metrics(path, rows):

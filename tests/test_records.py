@@ -6,10 +6,8 @@ import re
 
 import pytest
 
-import files
-import metrics
 import records
-import resume
+from machinery import files, metrics, resume
 
 
 def test_a_record_reads_back_as_written_and_a_file_has_its_md5(tmp_path):

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-import files
-import resume
 import trainer
+from machinery import files, resume
 from test_trainer import tiny_setup
 
 

@@ -12,10 +12,10 @@ import zipfile
 import pytest
 import torch
 
-import files
 import run
 import trainer
 from conftest import CORRECT_LINE, PYTHON, ROOT, cli, main, on_cpu, wait_for
+from machinery import files
 
 
 @pytest.mark.parametrize('variant', ['vanilla', 'synthesizer'])
@@ -587,7 +587,7 @@ def test_dataset_view_runs_without_sigpipe(tiny, monkeypatch, capsys):
     """Windows has no signal.SIGPIPE; `python src/dataset.py namedata` must not need it."""
     import runpy
 
-    import files
+    from machinery import files
 
     shutil.copy(tiny / 'train.tsv', tiny / 'birth_places_train.tsv')
     monkeypatch.setattr(files, 'DATA_DIR', tiny)

@@ -202,7 +202,7 @@ def test_the_test_loss_is_computed_in_fp32(capsys):
 def test_gpus_train_on_the_padded_batch_with_the_same_loss(monkeypatch):
     """GPUs train on the whole padded batch (one shape a phase, for MPS's and cuDNN's graph
     caches, and no packing kernels), the CPU on the packed positions: the same loss."""
-    import devices
+    from machinery import devices
 
     assert devices.packs_batches('cpu') and not devices.packs_batches('cuda')
     assert not devices.packs_batches('mps')

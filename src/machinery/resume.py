@@ -19,8 +19,7 @@ import time
 import numpy as np
 import torch
 
-import files
-import params_files
+from machinery import files, params_files
 
 # What must match between an interrupted run and the run that resumes it.
 SETTINGS = (

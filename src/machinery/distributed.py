@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from files import UserError
+from machinery.files import UserError
 
 # How many processes share each batch (torchrun sets WORLD_SIZE; each runs the script).
 PROCESSES = int(os.environ.get('WORLD_SIZE', 1))

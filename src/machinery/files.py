@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-DATA_DIR = Path(__file__).resolve().parent.parent / 'data'
+DATA_DIR = Path(__file__).resolve().parents[2] / 'data'  # the repository's data/
 
 
 class UserError(Exception):

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from files import UserError
+from machinery.files import UserError
 
 DEVICES = ['auto', 'cuda', 'mps', 'cpu']
 PRECISIONS = ['auto', 'fp32', 'bf16', 'fp16']

@@ -15,9 +15,8 @@ import numpy as np
 import torch
 
 import dataset
-import files
-import finetune_methods
-from files import UserError
+from machinery import files, finetune_methods
+from machinery.files import UserError
 
 # The flags each phase cannot do without.
 NEEDS = {
@@ -36,7 +35,8 @@ def check_flags(args, block_size, padded_length):
     for flag in ('resume', 'save_every', 'compile'):
         if getattr(args, flag) and args.function == 'evaluate':
             raise UserError(f"--{flag} applies to pretrain and finetune only")
-    if not 0 < args.bottleneck_dim <= block_size:
+    bottleneck_dim = getattr(args, 'bottleneck_dim', None)  # a flag of the 2023 edition's
+    if bottleneck_dim is not None and not 0 < bottleneck_dim <= block_size:
         raise UserError(
             f"--bottleneck_dim {args.bottleneck_dim}: must be between 1 and the "
             f"block size, {block_size}"

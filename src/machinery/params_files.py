@@ -9,8 +9,8 @@ check_state_dict; written_params is what every written params file holds.
 
 import torch
 
-import finetune_methods
-from files import UserError, convert_command, load_weights_only
+from machinery import finetune_methods
+from machinery.files import UserError, convert_command, load_weights_only
 
 # For a params file refused for holding objects: keep its tensors only (of a pickled
 # model, its state_dict's)

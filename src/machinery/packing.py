@@ -12,7 +12,7 @@ batch up to rounding; only the time differs.
 
 import torch
 
-from devices import to_device
+from machinery.devices import to_device
 
 
 class Packing:

@@ -109,6 +109,9 @@ what:
 
 ## A first run (a minute or two)
 
+Once span corruption (e), new_model (c) and pretrain (f) are written, one epoch of
+pretraining shows that they train:
+
     python src/run.py pretrain vanilla wiki.txt --writing_params_path smoke.params --max_epochs 1
 
 ## The handout's commands, in order

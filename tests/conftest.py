@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / 'src'))
+sys.path[:0] = [str(ROOT / folder) for folder in ('src', 'research', 'tools')]
 import machinery.cpu_libraries  # noqa: E402,F401 (before torch loads, as the scripts do)
 
 import os  # noqa: E402

@@ -77,14 +77,14 @@ def test_written_files_get_the_users_usual_mode(tmp_path, umask, mode):
 USER_ERRORS = [
     ('src/run.py', ['evaluate', 'vanilla', 'wiki.txt'], {},
      r'evaluate needs --reading_params_path'),
-    ('src/reproduce.py', ['--outdir', 'out'], {'out/results.json': '{'},
+    ('tools/reproduce.py', ['--outdir', 'out'], {'out/results.json': '{'},
      r'out/results.json: not JSON; move it away to start afresh'),
-    ('src/grid.py', ['--outdir', 'empty'], {}, r'empty: no finished runs yet \(give --pretrained\)'),
-    ('src/analyze.py', ['missing.predictions', '--eval_corpus_path', 'dev.tsv'], {},
+    ('research/grid.py', ['--outdir', 'empty'], {}, r'empty: no finished runs yet \(give --pretrained\)'),
+    ('research/analyze.py', ['missing.predictions', '--eval_corpus_path', 'dev.tsv'], {},
      r'missing.predictions: cannot read: .*'),
-    ('src/bench.py', ['--params', 'missing.params'], {},
+    ('tools/bench.py', ['--params', 'missing.params'], {},
      r'--params missing.params: no such file'),
-    ('src/plot.py', ['missing.csv'], {}, r'.+'),  # no such file, or no matplotlib
+    ('tools/plot.py', ['missing.csv'], {}, r'.+'),  # no such file, or no matplotlib
     ('london_baseline.py', ['test.tsv'], {}, r'test.tsv has no gold places to compare with'),
 ]  # fmt: skip
 

@@ -32,15 +32,15 @@ def test_differences_name_each_setting_and_each_flag_of_a_command():
     'stop, status, line',
     [
         (resume.TrainingInterrupted('interrupted at epoch 2, step 3'), 130,
-         'interrupted at epoch 2, step 3. To continue: python src/grid.py --seeds 0 1'),
-        (KeyboardInterrupt(), 130, 'interrupted. To continue: python src/grid.py --seeds 0 1'),
+         'interrupted at epoch 2, step 3. To continue: python research/grid.py --seeds 0 1'),
+        (KeyboardInterrupt(), 130, 'interrupted. To continue: python research/grid.py --seeds 0 1'),
         (files.UserError('x.tsv, line 2: no tab'), 2, 'error: x.tsv, line 2: no tab'),
         (metrics.NonFiniteLoss('the loss became nan'), 1, 'error: the loss became nan'),
     ],
 )  # fmt: skip
 def test_what_stops_a_command_of_many_phases_is_one_line(stop, status, line, capsys):
     with pytest.raises(SystemExit) as stopped:
-        with records.one_line_stops('src/grid.py', ['--seeds', '0', '1']):
+        with records.one_line_stops('research/grid.py', ['--seeds', '0', '1']):
             raise stop
     code = stopped.value.code
     said = code if isinstance(code, str) else capsys.readouterr().err.strip()

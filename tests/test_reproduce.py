@@ -1,4 +1,4 @@
-"""src/reproduce.py: the whole assignment in one command, on a tiny corpus."""
+"""tools/reproduce.py: the whole assignment in one command, on a tiny corpus."""
 
 import re
 import shlex
@@ -32,7 +32,7 @@ def test_reproduce_everything_then_only_what_is_missing_or_stale(tiny, monkeypat
     monkeypatch.chdir(tiny)
     # README's Colab cell, on the CPU: fp32 (fp16 is for GPUs) and 1 epoch
     colab = colab_command()
-    assert colab[:2] == ['python', 'src/reproduce.py'] and '--precision' in colab
+    assert colab[:2] == ['python', 'tools/reproduce.py'] and '--precision' in colab
     quick = ['--max_epochs', '1'] + [a if a != 'fp16' else 'fp32' for a in colab[2:]]
     quick += ['--outdir', 'out', '--device', 'cpu']
     reproduce.main(quick)

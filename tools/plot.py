@@ -1,7 +1,7 @@
 """Loss curves from training metrics, to hold a run of your own against the reference run.
 
-    python src/plot.py results/*.metrics.csv --out my_curves.png
-    python src/plot.py vanilla.pretrain.params.metrics.csv \
+    python tools/plot.py results/*.metrics.csv --out my_curves.png
+    python tools/plot.py vanilla.pretrain.params.metrics.csv \
         results/vanilla.pretrain.params.metrics.csv
 
 Each CSV is what run.py writes beside the params (PARAMS.metrics.csv: one row per step).
@@ -11,6 +11,8 @@ the learning rate, dashed, on the right-hand axis (the 2021 schedule's cosine en
 epoch 200, then the rate climbs again: the loss curve shows it).
 Needs matplotlib (pip install matplotlib), which nothing else here uses.
 """
+
+import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
 
 import argparse
 import csv

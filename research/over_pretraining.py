@@ -3,11 +3,11 @@ finetuning can retrieve from it, epoch by epoch, beside the learning rate.
 
     python src/run.py pretrain vanilla wiki.txt --writing_params_path vanilla.pretrain.params \
         --save_every 50
-    python src/grid.py --pretrained vanilla.pretrain.epoch*.params --outdir grid
-    python src/cloze.py vanilla.pretrain.epoch050.params --exposure vanilla.exposure.json \
+    python research/grid.py --pretrained vanilla.pretrain.epoch*.params --outdir grid
+    python research/cloze.py vanilla.pretrain.epoch050.params --exposure vanilla.exposure.json \
         --finetuned grid/vanilla.pretrain.epoch050.full.s0.dev.predictions \
         --json cloze/epoch050.json      # and so on for each checkpoint
-    python src/over_pretraining.py cloze/*.json \
+    python research/over_pretraining.py cloze/*.json \
         --metrics vanilla.pretrain.params.metrics.csv --plot knowledge.png
 
 Each input is cloze.py's --json of one checkpoint (a params file named as --save_every
@@ -19,6 +19,8 @@ how often the pretrained model continues the person's document with the place (s
 over all, the "NAME was born in " and question probes too (extractable without
 finetuning). --plot (matplotlib) draws the same against the epoch.
 """
+
+import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
 
 import argparse
 import json

@@ -1,11 +1,12 @@
 """What the model knows: evidence for the handout's part 3, from a predictions file.
 
-    python src/analyze.py vanilla.pretrain.dev.predictions
-    python src/analyze.py vanilla.pretrain.dev.predictions \\
+    python research/analyze.py vanilla.pretrain.dev.predictions
+    python research/analyze.py vanilla.pretrain.dev.predictions \\
         --params vanilla.finetune.params --json vanilla.analysis.json
-    python src/analyze.py vanilla.analysis.json --exposure vanilla.exposure.json --json new.json
+    python research/analyze.py vanilla.analysis.json --exposure vanilla.exposure.json \\
+        --json new.json
         # an earlier report (its predictions and confidence) split by exposure.py's report
-    python src/analyze.py --coverage_plot coverage.png --exposure_plot exposure.png \
+    python research/analyze.py --coverage_plot coverage.png --exposure_plot exposure.png \
         vanilla.analysis.json rope.analysis.json
         # the reports side by side: a table, and the pictures of accuracy against coverage
         # and against exposure (with a table of the exposure picture's figures)
@@ -28,6 +29,8 @@ answers only its most confident 25, 50, 75 or 100% of the questions. It is also 
 where invented people were born: names made of first and last names of the finetuning
 file that occur nowhere in wiki.txt or the finetuning file (part 3c).
 """
+
+import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
 
 import machinery.cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch)
 

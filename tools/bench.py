@@ -1,6 +1,6 @@
 """Speed of this codebase against the plain minGPT path, measured in one run on this machine.
 
-    python src/bench.py [--steps 5] [--questions 20] [--params vanilla.finetune.params]
+    python tools/bench.py [--steps 5] [--questions 20] [--params vanilla.finetune.params]
                         [--variant vanilla|synthesizer|perceiver|rope] [--bottleneck_dim 32]
                         [--device cuda] [--precision fp16] [--compile]
 
@@ -24,6 +24,8 @@ peak of this machine at the same precision (square products of 2048 on the CPU, 
 a GPU; vanilla and rope: model_flops does not count the synthesizer's or the
 perceiver's layers).
 """
+
+import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
 
 import machinery.cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch)
 

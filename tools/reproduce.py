@@ -1,9 +1,9 @@
 """The whole assignment in one command: the handout's eleven run.py commands (parts d, f
 and g) and the London baseline, then a table of dev accuracies and times.
 
-    python src/reproduce.py                 # the handout's settings (hours on a CPU)
-    python src/reproduce.py --max_epochs 1  # every training phase cut to 1 epoch
-    python src/reproduce.py --edition 2024  # another edition: vanilla and rope, its settings
+    python tools/reproduce.py                 # the handout's settings (hours on a CPU)
+    python tools/reproduce.py --max_epochs 1  # every training phase cut to 1 epoch
+    python tools/reproduce.py --edition 2024  # another edition: vanilla and rope, its settings
 
 Each edition's second variant: synthesizer (2021), perceiver with --bottleneck_dim 64
 as its handout passes (2023), rope (2024, 2025).
@@ -17,20 +17,19 @@ from: an output made with other settings is refused, naming the file, before any
 and one whose params have changed since is made again. The table goes to results.md.
 """
 
+import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
+
 import machinery.cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch)
 
 import argparse
 import os
-import sys
 import time
 
-import run
-import utils
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from london_baseline import london_baseline, write_accuracy  # noqa: E402
+from london_baseline import london_baseline, write_accuracy
 
 import records
+import run
+import utils
 from machinery import devices, distributed, files
 
 
@@ -185,7 +184,7 @@ def write_table(results, settings, path, device):
 
 def main(argv=None):
     args = parse_args(argv)
-    with records.one_line_stops('src/reproduce.py', argv):
+    with records.one_line_stops('tools/reproduce.py', argv):
         distributed.one_process('reproduce.py')
         device = devices.pick_device(args.device)
         results = run_all(args, device)

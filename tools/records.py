@@ -5,6 +5,8 @@ so that the same command run again skips what exists and refuses, before any wor
 output made with other settings; and whatever stops the command ends it with one line.
 """
 
+import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
+
 import contextlib
 import hashlib
 import json

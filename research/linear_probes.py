@@ -1,6 +1,6 @@
 """Does the model know it does not know? Linear probes on a finetuned model's hidden states.
 
-    python src/linear_probes.py vanilla.finetune.params --exposure vanilla.exposure.json \\
+    python research/linear_probes.py vanilla.finetune.params --exposure vanilla.exposure.json \\
         --json vanilla.probes.json
 
 Each question ("Where was NAME born?" and its MASK) is run through the finetuned model, and
@@ -17,6 +17,8 @@ Each probe's test AUROC stands beside that of the model's own confidence in its 
 (analyze.py's: the probability of the answer and its closing MASK) for the same split:
 a probe above the confidence means the model holds, inside, what its answer does not show.
 """
+
+import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
 
 import machinery.cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch)
 

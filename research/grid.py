@@ -2,11 +2,11 @@
 and evaluated one after another, and a table of dev accuracy as mean, standard deviation
 and every run, with the trainable parameters and the finetuning time of each.
 
-    python src/grid.py --pretrained vanilla.pretrain.params rope.pretrain.params \\
+    python research/grid.py --pretrained vanilla.pretrain.params rope.pretrain.params \\
         --methods full lora:1 lora:4 lora:16 adapter --seeds 0 1 2 3 4 --outdir grid
-    python src/grid.py --pretrained vanilla.pretrain.params --methods full lora:4 \\
+    python research/grid.py --pretrained vanilla.pretrain.params --methods full lora:4 \\
         --seeds 0 1 --max_epochs 1 --outdir grid_quick      # a quick look
-    python src/grid.py --outdir grid --plot grid.png       # the table and picture only
+    python research/grid.py --outdir grid --plot grid.png       # the table and picture only
 
 Each run is the handout's finetune command from the pretrained params, with
 --finetune_method and --seed (a method is full, lora:RANK or adapter:SIZE, or lora and
@@ -23,6 +23,8 @@ predictions exist with the same settings is skipped, and an interrupted one resu
 after an interruption run the same command again; one made with other settings is
 refused before any work.
 """
+
+import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
 
 import machinery.cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch)
 
@@ -329,7 +331,7 @@ def plot_grid(record, out):
 
 def main(argv=None):
     args = parse_args(argv)
-    with records.one_line_stops('src/grid.py', argv):
+    with records.one_line_stops('research/grid.py', argv):
         distributed.one_process('grid.py')
         checks.check_reports(args, 'plot')
         device = args.device = devices.pick_device(args.device)

@@ -2,13 +2,14 @@
 finetuning file, side by side. Does finetuning on facts pretraining never showed lower dev
 accuracy, or raise the confidence given to people who do not exist?
 
-    python src/exposure.py --json exposure.json --subsets subsets
-    python src/grid.py --pretrained vanilla.pretrain.params --methods full lora:1 \\
+    python research/exposure.py --json exposure.json --subsets subsets
+    python research/grid.py --pretrained vanilla.pretrain.params --methods full lora:1 \\
         --seeds 0 1 2 3 4 --finetune_corpus_path subsets/seen.tsv --outdir grid-seen
-    python src/analyze.py grid-seen/vanilla.full.s0.dev.predictions --variant vanilla \\
+    python research/analyze.py grid-seen/vanilla.full.s0.dev.predictions --variant vanilla \\
         --params grid-seen/vanilla.full.s0.params --exposure exposure.json \\
         --json grid-seen/vanilla.full.s0.analysis.json          # and so for every run
-    python src/known_unknown.py grid-all grid-seen grid-seen.control grid-often grid-often.control
+    python research/known_unknown.py grid-all grid-seen grid-seen.control grid-often \\
+        grid-often.control
 
 Each directory is a grid.py --outdir; each run's analyze.py report lies beside its params
 (PREFIX.analysis.json for PREFIX.params). A row per directory, model and method: the
@@ -23,6 +24,8 @@ NAME.control.tsv (a random subset of the same size), every file against the firs
 directory's (give the whole finetuning file first), and each method against full
 finetuning on the same file.
 """
+
+import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
 
 import argparse
 import json

@@ -1,7 +1,7 @@
 """Stored or extractable: what a pretrained model says of each dev person before any
 finetuning, asked three ways (the cloze probe).
 
-    python src/cloze.py vanilla.pretrain.params --exposure vanilla.exposure.json \\
+    python research/cloze.py vanilla.pretrain.params --exposure vanilla.exposure.json \\
         --finetuned vanilla.pretrain.dev.predictions --json vanilla.cloze.json
 
 For each person of --eval_corpus_path, the greedy continuation of:
@@ -21,6 +21,8 @@ evaluate writes, or analyze.py's --params ... --json report): how often that mod
 each band, and the AUROC with which the document probe's probability tells its right
 answers from its wrong ones.
 """
+
+import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
 
 import machinery.cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch)
 

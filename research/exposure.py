@@ -1,8 +1,8 @@
 """What pretraining showed the model, document by document and epoch by epoch: the exposure
 ledger, replayed without the model.
 
-    python src/exposure.py --ledger vanilla.exposure.npz               # the 2021 run, seed 0
-    python src/exposure.py --ledger rope.exposure.npz --edition 2024 --json rope.exposure.json
+    python research/exposure.py --ledger vanilla.exposure.npz               # the 2021 run, seed 0
+    python research/exposure.py --ledger rope.exposure.npz --edition 2024 --json rope.exposure.json
 
 Pretraining takes the documents in file order every epoch, and each example's spans come
 from Python's random, which run.py seeds (--seed) before the model is built and nothing
@@ -27,6 +27,8 @@ showed, often.tsv with only those it showed in 25% or more of its epochs, and fo
 control of as many lines drawn at random from the whole file (seen.control.tsv,
 often.control.tsv), so that a difference is not the smaller file's.
 """
+
+import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
 
 import argparse
 import json

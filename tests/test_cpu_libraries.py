@@ -21,6 +21,7 @@ ONEDNN_BF16 = getattr(torch.ops.mkldnn, '_is_mkldnn_bf16_supported', lambda: Tru
 
 
 @pytest.mark.skipif(not ONEDNN_BF16, reason="oneDNN computes no bf16 products on this CPU")
+@pytest.mark.slow
 def test_the_cpu_kernel_cache_cap_changes_no_result(tiny):
     """utils caps oneDNN's kernel cache to save memory: no cache at all (every bf16 matmul
     compiles its kernel again) and oneDNN's default give the same params."""
@@ -73,6 +74,7 @@ def test_onednn_kernel_cache_is_capped_unless_the_user_set_it(users_value, expec
 @pytest.mark.parametrize(
     'users_value, expected', [(None, 'CNR:AUTO,STRICT Dyn:0'), ('', 'CNR:OFF Dyn:0')]
 )
+@pytest.mark.slow
 def test_mkl_runs_reproducibly_from_the_command_line(tiny, users_value, expected):
     """run.py sets MKL's reproducible mode and fixed thread count before torch loads MKL
     (MKL_VERBOSE shows what every fp32 matrix product ran with); the user's value wins."""

@@ -232,6 +232,7 @@ def test_compile_is_for_cuda_only(tiny, capsys):
 @pytest.mark.parametrize(
     'variant, method', [(variant, 'full') for variant in VARIANTS] + [('vanilla', 'lora')]
 )
+@pytest.mark.slow
 def test_compiled_training_equals_eager(monkeypatch, variant, method):
     """--compile as a GPU runs it, simulated on the CPU: the whole padded batch (no
     packing), each model compiled as one graph (fullgraph: a graph break fails), with

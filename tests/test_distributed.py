@@ -133,6 +133,7 @@ def torchrun(*args, cwd, hold=(), **kwargs):
     )
 
 
+@pytest.mark.slow
 def test_torchrun_command_line_ctrl_c_and_resume(tiny):
     """The README's command on two CPU processes: process 0 alone prints and writes; a
     terminal's Ctrl-C (which reaches torchrun and both processes) saves a state from

@@ -19,6 +19,7 @@ from machinery import files
 
 
 @pytest.mark.parametrize('variant', ['vanilla', 'synthesizer'])
+@pytest.mark.slow
 def test_pipeline_end_to_end(tiny, variant):
     quick = ['--max_epochs', 1]
     cli(
@@ -205,6 +206,7 @@ def test_same_seed_same_params_other_seed_other_params(tiny):
 # bf16 runs 1 epoch: on a CPU without bf16 instructions its products are emulated, 20
 # times slower than fp32's, and a difference shows from the first step
 @pytest.mark.parametrize('precision, epochs', [('fp32', 6), ('bf16', 1)])
+@pytest.mark.slow
 def test_the_same_command_in_separate_processes_gives_the_same_params(tiny, precision, epochs):
     """Each process lays out its memory differently; MKL's fp32 products (set up by
     cpu_libraries) and everything else must give the same bits all the same."""
@@ -313,6 +315,7 @@ def test_checkpoint_path_sorts_by_epoch():
 
 
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.slow
 def test_interrupted_cli_run_resumes_to_identical_params(tiny, signum):
     """Ctrl-C or SIGTERM in the middle of an epoch (held there by hold_at_step.py, so that
     the signal cannot come too late): the state is saved after that step, and --resume
@@ -385,6 +388,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_state(tiny, monkeypatch, caps
     assert all(torch.isfinite(v).all() for v in state['model'].values())
 
 
+@pytest.mark.slow
 def test_handout_commands_find_bare_names_in_data(real_data, tmp_path):
     out = cli(
         'finetune',

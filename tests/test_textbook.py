@@ -223,6 +223,7 @@ def assert_close_params(theirs, ours, tolerance):
 
 
 @pytest.mark.parametrize('edition', EDITIONS)
+@pytest.mark.slow
 def test_a_textbook_answer_trains_like_ours_and_gets_full_marks(edition, tmp_path, real_data):
     variant, flags = EDITIONS[edition]
     folder = tmp_path / 'starter'

@@ -447,7 +447,7 @@ def check_args(args):
     distributed.check_launch(args.function, devices.pick_device(args.device))
     if args.compile:
         devices.check_compile(devices.pick_device(args.device))
-    vocab = checks.check_corpus(args.pretrain_corpus_path)
+    vocab = checks.check_corpus(args.pretrain_corpus_path, (dataset.PAD_CHAR, dataset.MASK_CHAR))
     if args.function == 'finetune':
         checks.check_tsv(args.finetune_corpus_path, vocab, BLOCK_SIZE, training=True)
     if args.function == 'evaluate':

@@ -14,7 +14,6 @@ import traceback
 import numpy as np
 import torch
 
-import dataset
 from machinery import files, finetune_methods
 from machinery.files import UserError
 
@@ -68,10 +67,11 @@ def check_finetune_method(args, state):
         )
 
 
-def check_corpus(path):
-    """The pretraining corpus's set of characters, which must not hold PAD or MASK."""
+def check_corpus(path, reserved_chars):
+    """The pretraining corpus's set of characters, which must not hold the vocabulary's
+    reserved ones (dataset.py's PAD and MASK)."""
     corpus = files.read_text(path)
-    for reserved in (dataset.PAD_CHAR, dataset.MASK_CHAR):
+    for reserved in reserved_chars:
         if reserved in corpus:
             line = corpus[: corpus.index(reserved)].count('\n') + 1
             raise UserError(

@@ -14,8 +14,6 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-import dataset
-
 
 def answer_questions(model, questions, pretrain_dataset, answer_length, where):
     """The greedy answer to each question: what the model writes between the question's
@@ -28,7 +26,7 @@ def answer_questions(model, questions, pretrain_dataset, answer_length, where):
     ids = greedy_complete(
         model, [p.ids for p in prompts], answer_length, pretrain_dataset.stoi[mask]
     )
-    return [dataset.decode(c, pretrain_dataset.itos).split(mask)[0] for c in ids]
+    return [''.join(pretrain_dataset.itos[i] for i in c).split(mask)[0] for c in ids]
 
 
 @torch.no_grad()

@@ -3,22 +3,21 @@ token-counted learning-rate schedule (linear warm-up, then cosine decay to 10%).
 
 It trains on what the original trains on (the same batches in the same order, the same
 schedule), through GPT.forward. The machinery beside it: packing.py (the loss computed on
-only the positions that can change it), resume.py (the resumable state's file, and Ctrl-C
-or SIGTERM), metrics.py (every step's loss and learning rate), distributed.py (torchrun)
-and devices.py (where, and in what precision).
+only the positions that can change it), resume.py (the resumable state: made, written,
+checked and restored; Ctrl-C or SIGTERM), metrics.py (every step's loss and learning
+rate), distributed.py (torchrun: each process's share of the loss) and devices.py (where,
+and in what precision).
 """
 
 import functools
 import math
-import random
 import time
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
 from machinery import checks, devices, distributed, dropout, files, metrics, params_files, resume
-from machinery.packing import Packing, target_count, target_lengths
+from machinery.packing import Packing, target_lengths
 
 
 class TrainerConfig:
@@ -173,7 +172,7 @@ class Trainer:
             # resumable state keeps the random states from before it, so that a run resumed
             # here builds it again
             ahead = step + 1 < self.steps_per_epoch
-            self.next_batch_rng = random_states() if ahead else None
+            self.next_batch_rng = resume.random_states() if ahead else None
             batch = self.batch(self.train_dataset, step + 1) if ahead else None
             # as in the original: the schedule moves after the step, counting every target
             # position (PADs too), and the new rate applies from the next step
@@ -216,26 +215,14 @@ class Trainer:
 
     def loss(self, x, y):
         """GPT.forward's loss of the CPU batch x, y; on the CPU, on only the positions that
-        can change it (packing.py, worked out before the batch moves). Under
-        torchrun, this process's rows' summed loss (GPT.forward's cross-entropy, summed) over
-        the whole batch's count of targets, times world_size as DDP averages the gradients."""
-        lengths = target_lengths(y)  # (b,)
-        if self.ddp is None:
-            packing = self.packing(lengths)
-            x, y = self.to_device(x, y)
-            with self.autocast():
-                return self.model(x, y, packing=packing)[1]
-        rows, share = distributed.shard_rows(lengths, self.rank, self.world_size)
-        n_targets = target_count(y) / self.world_size
-        packing = self.packing(lengths[rows])
-        x, y = self.to_device(x[rows], y[rows])
-        with self.autocast():
-            logits, _ = self.ddp(x, packing=packing)  # (N, vocab), or (b, T, vocab)
-            targets = y.reshape(-1) if packing is None else packing.select(y)  # (N,)
-            summed = F.cross_entropy(
-                logits.reshape(-1, logits.size(-1)), targets, ignore_index=0, reduction='sum'
-            )
-            return summed / n_targets * share
+        can change it (packing.py, worked out before the batch moves). Under torchrun,
+        this process's share of it (distributed.shard_loss)."""
+        if self.ddp is not None:
+            return distributed.shard_loss(self, x, y)
+        packing = self.packing(target_lengths(y))
+        x, y = self.to_device(x, y)
+        with devices.autocast(self.device, self.config.precision):
+            return self.model(x, y, packing=packing)[1]
 
     def packing(self, lengths):
         """The Packing of rows with these target lengths where training packs (the CPU),
@@ -255,10 +242,6 @@ class Trainer:
 
     def to_device(self, *tensors):
         return [devices.to_device(t, self.device) for t in tensors]
-
-    def autocast(self):
-        dtype = devices.autocast_dtype(self.config.precision)
-        return torch.autocast(self.device, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
     def tokens_per_s(self, steps, T):
         """Target positions per second, counted like the schedule (batch x T per step)."""
@@ -284,55 +267,6 @@ class Trainer:
         path = config.ckpt_path.format(epoch=epoch + 1)
         files.atomic_save(params_files.written_params(self.model), path)
 
-    # --- The resumable state (resume.py reads and checks its file) ----------------------
-
-    def settings(self):
-        """What a run that resumes this one's state must share with it."""
-        return {
-            'config': {k: getattr(self.config, k) for k in resume.SETTINGS},
-            'dataset_len': len(self.train_dataset),
-            'processes': self.world_size,
-        }
-
-    def state_dict(self):
-        """Everything that continues this run exactly: the model, the optimizer, fp16's
-        loss scale, where the run is, and every random state: Python's and numpy's (the
-        span corruption) and each process's torch state (its dropout masks). Tensors and
-        plain values only. Under torchrun every process calls it, for its random state."""
-        # a batch built ahead is drawn again by the run that resumes this state
-        python_rng, numpy_rng = self.next_batch_rng or random_states()
-        return {
-            'model': params_files.cpu_state_dict(self.model),
-            'optimizer': self.optimizer.state_dict(),
-            'scaler': self.scaler.state_dict(),  # fp16's loss scale; empty otherwise
-            'epoch': self.epoch,
-            'step': self.step,
-            'tokens': self.tokens,
-            'elapsed': self.elapsed,
-            **self.settings(),
-            'python_rng': python_rng,
-            'numpy_rng': numpy_rng,
-            'process_rngs': distributed.gather(resume.torch_rng_state(self.device)),
-        }
-
-    def load_state_dict(self, state):
-        self.model.load_state_dict(state['model'])
-        self.optimizer.load_state_dict(state['optimizer'])
-        if state['scaler']:
-            self.scaler.load_state_dict(state['scaler'])
-        self.epoch, self.step = state['epoch'], state['step']
-        self.tokens, self.elapsed = state['tokens'], state['elapsed']
-        random.setstate(state['python_rng'])
-        np.random.set_state(state['numpy_rng'])
-        resume.set_torch_rng_state(state['process_rngs'][self.rank], self.device)
-
     def save_state(self):
-        """The resumable state, written to config.resume_path by process 0."""
-        state = self.state_dict()
-        if self.rank == 0:
-            files.atomic_save(state, self.config.resume_path)
-
-
-def random_states():
-    """Python's and numpy's random states: what span corruption draws from."""
-    return random.getstate(), resume.numpy_rng_state()
+        """The resumable state, written to config.resume_path (resume.save)."""
+        resume.save(self)

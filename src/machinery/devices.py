@@ -142,6 +142,12 @@ def autocast_dtype(precision):
     return {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(precision)
 
 
+def autocast(device, precision):
+    """The forward pass's autocast context for a training precision (off for fp32)."""
+    dtype = autocast_dtype(precision)
+    return torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
 def training_precision(choice, device):
     """The precision to train in: `choice`, or for auto, bf16 where `device` has it natively."""
     if choice != 'auto':

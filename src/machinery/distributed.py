@@ -13,8 +13,11 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.nn import functional as F
 
+from machinery import devices
 from machinery.files import UserError
+from machinery.packing import target_count, target_lengths
 
 # How many processes share each batch (torchrun sets WORLD_SIZE; each runs the script).
 PROCESSES = int(os.environ.get('WORLD_SIZE', 1))
@@ -82,6 +85,24 @@ def shard_rows(lengths, rank, world_size):
     if len(rows) == 0:
         return rows.new_zeros(1), 0.0
     return rows, 1.0
+
+
+def shard_loss(trainer, x, y):
+    """The trainer's loss of the CPU batch x, y under torchrun: this process's rows' summed
+    cross-entropy (GPT.forward's, summed) over the whole batch's count of targets, times
+    world_size, as DDP averages the gradients."""
+    lengths = target_lengths(y)  # (b,)
+    rows, share = shard_rows(lengths, trainer.rank, trainer.world_size)
+    n_targets = target_count(y) / trainer.world_size
+    packing = trainer.packing(lengths[rows])
+    x, y = trainer.to_device(x[rows], y[rows])
+    with devices.autocast(trainer.device, trainer.config.precision):
+        logits, _ = trainer.ddp(x, packing=packing)  # (N, vocab), or (b, T, vocab)
+        targets = y.reshape(-1) if packing is None else packing.select(y)  # (N,)
+        summed = F.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), targets, ignore_index=0, reduction='sum'
+        )
+        return summed / n_targets * share
 
 
 def any_process(flag, device):

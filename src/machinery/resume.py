@@ -2,8 +2,8 @@
 VM's SIGTERM, a session that ends) continue exactly where it stopped, to the same result
 as a run that was never interrupted.
 
-The trainer makes the state (Trainer.state_dict) and restores it (load_state_dict); this
-module reads its file, and catches the signals. load() checks, before anything is
+This module makes the trainer's state (state_of), writes it (save), restores it
+(restore), reads its file, and catches the signals. load() checks, before anything is
 restored, that the state is this run's: anything else is one UserError line, before any
 step. The state holds tensors and plain values only (PARTS), so that it loads with
 weights_only=True and cannot run code. The Stopper turns Ctrl-C and SIGTERM into a stop
@@ -12,6 +12,7 @@ after the current step, whose state the trainer saves.
 
 import math
 import os
+import random
 import signal
 import threading
 import time
@@ -19,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from machinery import files, params_files
+from machinery import distributed, files, params_files
 
 # What must match between an interrupted run and the run that resumes it.
 SETTINGS = (
@@ -109,14 +110,71 @@ def load(path, trainer):
     """Restore into `trainer` the state in `path`, after checking that it is this run's."""
     where = f"--resume: {path}"
     state = read_state(path, where)
-    check_state_fits(state, trainer.settings(), trainer.model.state_dict(), where)
+    check_state_fits(state, settings_of(trainer), trainer.model.state_dict(), where)
     try:
-        trainer.load_state_dict(state)
+        restore(trainer, state)
         check_optimizer(trainer.optimizer)
     except DAMAGE as e:
         detail = str(e).strip().split('\n')[0] or type(e).__name__
         raise files.UserError(f"{where}: damaged ({detail})")
     print(f"resuming from {path}: epoch {state['epoch'] + 1}, step {state['step']}")
+
+
+def save(trainer):
+    """The trainer's resumable state, written to its config.resume_path by process 0
+    (under torchrun every process calls it, for its random state)."""
+    state = state_of(trainer)
+    if trainer.rank == 0:
+        files.atomic_save(state, trainer.config.resume_path)
+
+
+def settings_of(trainer):
+    """What a run that resumes the trainer's state must share with it."""
+    return {
+        'config': {k: getattr(trainer.config, k) for k in SETTINGS},
+        'dataset_len': len(trainer.train_dataset),
+        'processes': trainer.world_size,
+    }
+
+
+def state_of(trainer):
+    """Everything that continues the trainer's run exactly: the model, the optimizer,
+    fp16's loss scale, where the run is, and every random state: Python's and numpy's (the
+    span corruption) and each process's torch state (its dropout masks). Tensors and
+    plain values only."""
+    # a batch built ahead is drawn again by the run that resumes this state
+    python_rng, numpy_rng = trainer.next_batch_rng or random_states()
+    return {
+        'model': params_files.cpu_state_dict(trainer.model),
+        'optimizer': trainer.optimizer.state_dict(),
+        'scaler': trainer.scaler.state_dict(),  # fp16's loss scale; empty otherwise
+        'epoch': trainer.epoch,
+        'step': trainer.step,
+        'tokens': trainer.tokens,
+        'elapsed': trainer.elapsed,
+        **settings_of(trainer),
+        'python_rng': python_rng,
+        'numpy_rng': numpy_rng,
+        'process_rngs': distributed.gather(torch_rng_state(trainer.device)),
+    }
+
+
+def restore(trainer, state):
+    """Puts the trainer where state_of(trainer) found it."""
+    trainer.model.load_state_dict(state['model'])
+    trainer.optimizer.load_state_dict(state['optimizer'])
+    if state['scaler']:
+        trainer.scaler.load_state_dict(state['scaler'])
+    trainer.epoch, trainer.step = state['epoch'], state['step']
+    trainer.tokens, trainer.elapsed = state['tokens'], state['elapsed']
+    random.setstate(state['python_rng'])
+    np.random.set_state(state['numpy_rng'])
+    set_torch_rng_state(state['process_rngs'][trainer.rank], trainer.device)
+
+
+def random_states():
+    """Python's and numpy's random states: what span corruption draws from."""
+    return random.getstate(), numpy_rng_state()
 
 
 # What restoring a damaged state raises (torch's and Python's own checks).
@@ -140,7 +198,7 @@ def read_state(path, where):
 
 
 def check_state_fits(state, current, model_state, where):
-    """The state was saved by a run with this run's settings (current: Trainer.settings()),
+    """The state was saved by a run with this run's settings (current: settings_of),
     stopped where this run can continue, with a model of model_state's shapes."""
     saved = {
         'finetune_method': 'full',  # states saved before there were other methods

@@ -41,7 +41,7 @@ else
 fi
 
 say "finetune and evaluate every checkpoint"
-python research/grid.py --pretrained "$OUT"/vanilla.pretrain.epoch*.params --methods full --seeds 0 \
+python src/grid.py --pretrained "$OUT"/vanilla.pretrain.epoch*.params --methods full --seeds 0 \
     --outdir "$OUT/grid" --precision bf16 >/dev/null || fail "grid"
 if cmp -s "$OUT/grid/vanilla.pretrain.epoch650.full.s0.dev.predictions" \
     "$ROOT/results/vanilla.pretrain.dev.predictions"; then

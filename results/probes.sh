@@ -42,7 +42,7 @@ exposure() {
     [ "$1" = 0 ] && subsets=(--subsets "$OUT/subsets")
     [ -f "$report" ] && { [ "$1" != 0 ] || [ -d "$OUT/subsets" ]; } && return
     say "exposure, seed $1"
-    python research/exposure.py --seed "$1" --json "$report" "${subsets[@]}" >/dev/null \
+    python src/exposure.py --seed "$1" --json "$report" "${subsets[@]}" >/dev/null \
         || fail "exposure seed $1"
 }
 
@@ -89,7 +89,7 @@ cloze() {
     exposure "$2"
     finetuned=$(published "$model") || fail "the published answers of $model"
     say "cloze $model"
-    python research/cloze.py "$OUT/$model.pretrain.params" --exposure "$OUT/exposure.s$2.json" \
+    python src/cloze.py "$OUT/$model.pretrain.params" --exposure "$OUT/exposure.s$2.json" \
         --finetuned "$finetuned" --json "$report" > "$OUT/cloze/$model.txt" \
         || fail "cloze $model"
 }
@@ -105,11 +105,11 @@ checkpoints() {
         report=$OUT/cloze/vanilla.$epoch.json
         [ -f "$report" ] && continue
         say "cloze vanilla $epoch"
-        python research/cloze.py "$params" --exposure "$OUT/exposure.s0.json" \
+        python src/cloze.py "$params" --exposure "$OUT/exposure.s0.json" \
             --finetuned "$ROOT/longrun/ckpt/grid/vanilla.pretrain.$epoch.full.s0.dev.predictions" \
             --json "$report" > "${report%.json}.txt" || fail "cloze vanilla $epoch"
     done
-    python research/over_pretraining.py "$OUT"/cloze/vanilla.epoch*.json \
+    python src/over_pretraining.py "$OUT"/cloze/vanilla.epoch*.json \
         --metrics "$ROOT/longrun/ckpt/vanilla.pretrain.params.metrics.csv" \
         --json "$OUT/over_pretraining.json" --plot "$OUT/over_pretraining.png" \
         > "$OUT/over_pretraining.txt" || fail "over_pretraining"
@@ -122,7 +122,7 @@ linear() {
     [ -f "$report" ] && return
     exposure "$2"
     say "linear probes $model"
-    python research/grid.py --pretrained "$OUT/$model.pretrain.params" --methods full --seeds 0 \
+    python src/grid.py --pretrained "$OUT/$model.pretrain.params" --methods full --seeds 0 \
         --outdir "$OUT/grid-linear" --precision bf16 >/dev/null || fail "finetune $model"
     published=$(published "$model") || fail "the published answers of $model"
     if cmp -s "$OUT/grid-linear/$model.full.s0.dev.predictions" "$published"; then
@@ -130,7 +130,7 @@ linear() {
     else
         say "$model: dev predictions DIFFER from the published ones (${published#"$ROOT"/})"
     fi
-    python research/linear_probes.py "$OUT/grid-linear/$model.full.s0.params" \
+    python src/linear_probes.py "$OUT/grid-linear/$model.full.s0.params" \
         --exposure "$OUT/exposure.s$2.json" --json "$report" > "$OUT/linear/$model.txt" \
         || fail "linear probes $model"
 }
@@ -146,18 +146,18 @@ known() {
         [ "$subset" = all ] && corpus=birth_places_train.tsv
         grids+=("$OUT/grid-$subset")
         say "known/unknown: $model on $subset"
-        python research/grid.py --pretrained "$OUT/$model.pretrain.params" --methods full lora:1 \
+        python src/grid.py --pretrained "$OUT/$model.pretrain.params" --methods full lora:1 \
             --seeds "${SEEDS[@]}" --finetune_corpus_path "$corpus" \
             --outdir "$OUT/grid-$subset" --precision bf16 >/dev/null || fail "grid $subset"
         for run in "$OUT/grid-$subset/$model".*.params; do
             run=${run%.params}
             [ -f "$run.analysis.json" ] && continue
-            python research/analyze.py "$run.dev.predictions" --params "$run.params" \
+            python src/analyze.py "$run.dev.predictions" --params "$run.params" \
                 --variant "$variant" --exposure "$OUT/exposure.s0.json" \
                 --json "$run.analysis.json" >/dev/null || fail "analyze $run"
         done
     done
-    python research/known_unknown.py "${grids[@]}" --json "$OUT/known_unknown.json" \
+    python src/known_unknown.py "${grids[@]}" --json "$OUT/known_unknown.json" \
         > "$OUT/known_unknown.md" || fail "known_unknown"
 }
 

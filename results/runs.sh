@@ -56,7 +56,7 @@ grid() {
     shift
     seeds=("$@")
     say "grid $model ${methods[*]} seeds ${seeds[*]}"
-    python research/grid.py --pretrained "$OUT/$model.pretrain.params" --methods "${methods[@]}" \
+    python src/grid.py --pretrained "$OUT/$model.pretrain.params" --methods "${methods[@]}" \
         --seeds "${seeds[@]}" --outdir "$OUT/grid" --precision bf16 >/dev/null \
         || fail "grid $model"
 }
@@ -67,7 +67,7 @@ analysis() {
     shift 3
     [ -f "$report" ] && return
     say "analyze $model"
-    python research/analyze.py "$OUT/grid/$model.full.s0.dev.predictions" --variant "$variant" \
+    python src/analyze.py "$OUT/grid/$model.full.s0.dev.predictions" --variant "$variant" \
         --params "$OUT/grid/$model.full.s0.params" --name "$name" --json "$report" "$@" \
         >/dev/null || fail "analyze $model"
 }
@@ -110,7 +110,7 @@ model perceiver.s1 perceiver "perceiver (seed 1), pretrained" full -- "${PERCEIV
 model perceiver.s2 perceiver "perceiver (seed 2), pretrained" full -- "${PERCEIVER[@]}" --seed 2
 
 say "tables and pictures"
-python research/grid.py --outdir "$OUT/grid" --plot "$OUT/grid.png" >/dev/null || fail "grid table"
-python research/analyze.py --coverage_plot "$OUT/coverage.png" "$OUT"/analysis/{vanilla,rope,synthesizer,perceiver}.json \
+python src/grid.py --outdir "$OUT/grid" --plot "$OUT/grid.png" >/dev/null || fail "grid table"
+python src/analyze.py --coverage_plot "$OUT/coverage.png" "$OUT"/analysis/{vanilla,rope,synthesizer,perceiver}.json \
     "$ROOT/results/analysis/vanilla.nopretrain.fp32.json" > "$OUT/analysis.md" || fail "coverage"
 say "done: longrun/out/grid/grid.{md,csv,json}, grid.png, analysis/*.json, analysis.md, coverage.png"

@@ -1,12 +1,14 @@
-"""Every command that README, docs/, results/README.md and the results scripts print for
-our scripts names a script that exists, and its arguments parse as printed: each script's
-main() is run with argparse stopped right after parsing, so nothing else runs."""
+"""Every command that README, docs/ and results/README.md print for our scripts names a
+script that exists, and its arguments parse as printed: each script's main() is run with
+argparse stopped right after parsing, so nothing else runs. The results scripts run the
+commit they pin, whose layout their commands follow."""
 
 import argparse
 import importlib
 import re
 import runpy
 import shlex
+import subprocess
 import sys
 
 import pytest
@@ -75,7 +77,28 @@ def unparsed(found, monkeypatch):
     return bad
 
 
-@pytest.mark.parametrize('relative', PAGES + SCRIPTS)
+@pytest.mark.parametrize('relative', SCRIPTS)
+def test_the_results_scripts_commands_are_their_pinned_commits(relative):
+    """A results script runs the code of the commit it names (CODE_COMMIT), checked out on
+    its own: each script its commands name exists at that commit, where git can say."""
+    text = (ROOT / relative).read_text()
+    pinned = re.search(r'^CODE_COMMIT=(\w+)', text, re.M)
+    if pinned is None:
+        assert not commands(relative)  # a script of helpers, running no command itself
+        return
+    listed = subprocess.run(
+        ['git', 'ls-tree', '-r', '--name-only', pinned.group(1)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if listed.returncode:
+        pytest.skip(f"{pinned.group(1)} is not in this clone's history")
+    for script, _ in commands(relative):
+        assert script in listed.stdout.split('\n'), (relative, script)
+
+
+@pytest.mark.parametrize('relative', PAGES)
 def test_every_printed_command_names_a_script_and_parses(relative, monkeypatch):
     found = commands(relative)
     if relative in ('README.md', 'docs/research.md', 'results/README.md'):

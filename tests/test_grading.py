@@ -471,6 +471,17 @@ def test_original_starter_layouts_are_graded(ours, tmp_path):
     assert all(score > 0 for score, _ in rows.values()), rows
 
 
+def test_a_course_starters_submission_is_not_held_to_our_machinery(ours, tmp_path):
+    """A submission without src/machinery/ (made from the course's own starter) trains in
+    its own code: the test of our packed step and decoder is not among its tests."""
+    copy = tmp_path / 'course'
+    shutil.copytree(ours, copy)
+    shutil.rmtree(copy / 'src' / 'machinery')
+    machinery = MACHINERY.format(variant='synthesizer')
+    assert grade.grade(copy, '2021', ROOT / 'data', only={machinery}) == []
+    assert [r[0] for r in grade.grade(ours, '2021', ROOT / 'data', only={machinery})] == [machinery]
+
+
 def test_test_answers_grade_the_test_predictions(ours, tmp_path):
     questions = grade.read_lines(ROOT / 'data' / 'birth_test_inputs.tsv')
     predictions = grade.read_lines(ours / 'vanilla.pretrain.test.predictions')

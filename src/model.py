@@ -121,7 +121,7 @@ class GPT(nn.Module):
         if packing is not None:
             idx = idx[:, : packing.T]  # the batch cut after its longest row
         # where each id stands: 0..t-1, or, decoding, where the cache says
-        end = t if cache is None else int(cache.positions.max()) + 1
+        end = t if cache is None else cache.width
         assert end <= self.block_size, "Cannot forward, model block size is exhausted."
         x = self.tok_emb(idx)  # (B, T, C)
         if self.pos_emb is not None:

@@ -141,11 +141,11 @@ def test_cached_forward_equals_full_forward(variant):
     with torch.no_grad():
         full, _ = gpt(idx)  # (3, 60, vocab)
         cache = decoding.Cache()
-        cache.positions = torch.arange(31).expand(3, 31)
+        cache.feed(torch.arange(31).expand(3, 31))
         first, _ = gpt(idx[:, :31], cache=cache)
         torch.testing.assert_close(first, full[:, :31], atol=1e-4, rtol=1e-4)
         for step in range(25):
-            cache.positions = (starts + step)[:, None]  # (3, 1): each row's next position
+            cache.feed((starts + step)[:, None])  # (3, 1): each row's next position
             logits, _ = gpt(idx[torch.arange(3)[:, None], cache.positions], cache=cache)
             expected = full[torch.arange(3), starts + step][:, None]  # (3, 1, vocab)
             torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)  # logits ~ 10

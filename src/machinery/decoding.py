@@ -71,7 +71,7 @@ def _greedy_batch(model, prompts, steps, stop_id, device):
             positions = (ends[live] - 1)[:, None]  # (n, 1)
             fed = ids[live[:, None], positions]  # (n, 1)
         if cache is not None:
-            cache.positions = positions
+            cache.feed(positions)
         logits, _ = model(fed, cache=cache)  # (n, T, vocab)
         last = logits[torch.arange(len(live)), ends[live] - 1 - positions[:, 0]]  # (n, vocab)
         # softmax + topk exactly as sample() does, so near-ties break the same way
@@ -103,8 +103,16 @@ class Cache:
 
     def __init__(self):
         self.positions = None  # (b, t): where the fed characters stand in their rows
+        self.width = None  # the longest row so far: the last fed position + 1
+        self.first_fed = None  # the first fed position: no row is fed before it
         self.inputs = {}  # block number -> (b, width, C): its attention's inputs so far
         self.outputs = {}  # (block number, linear's name) -> (its input, its output)
+
+    def feed(self, positions):
+        """The positions (b, t) of the characters fed next, read once for every layer."""
+        self.positions = positions
+        self.width = int(positions.max()) + 1
+        self.first_fed = int(positions.min())
 
     def keep(self, rows):
         """Keeps only the rows where the bool tensor `rows` is True (the others are done)."""
@@ -117,7 +125,7 @@ class Cache:
         def around(attn, h):
             b, t, C = h.size()
             rows = torch.arange(b, device=h.device)[:, None]  # (b, 1)
-            whole = h.new_zeros(b, int(self.positions.max()) + 1, C)  # (b, width, C)
+            whole = h.new_zeros(b, self.width, C)  # (b, width, C)
             seen = self.inputs.get(layer)
             if seen is not None:
                 kept = min(seen.size(1), whole.size(1))
@@ -147,7 +155,7 @@ class Cache:
         last call where its input there is the same, bit for bit (so are the outputs)."""
         compute = functools.partial(type(linear).forward, linear)
         last = self.outputs.get(key)
-        same = int(self.positions.min())  # the positions no row is fed at
+        same = self.first_fed  # the positions no row is fed at
         if (
             last is None
             or x.dim() != 3

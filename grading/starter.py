@@ -29,8 +29,10 @@ import sys
 import tokenize
 from pathlib import Path
 
+import grade
+
 ROOT = Path(__file__).resolve().parent.parent
-EDITIONS = ('2021', '2023', '2024', '2025')
+EDITIONS = tuple(grade.EDITIONS)  # 2024 covers 2025
 # what the starter holds: the code, the grader to check it with, and the data's README;
 # never the tests (they test our solution), the published results or the starter writer.
 # Of src/, the machinery package and the modules the handout's scripts import
@@ -184,9 +186,11 @@ PHASES = [
         '{v}.pretrain.test.predictions',
     ),
 ]
-# the edition's second variant and the flags its handout's commands pass
-VARIANTS = {'2021': ('synthesizer', ''), '2023': ('perceiver', ' --bottleneck_dim 64'),
-            '2024': ('rope', ''), '2025': ('rope', '')}  # fmt: skip
+# the edition's second variant and the flags its handout's commands pass (the grader's)
+VARIANTS = {
+    name: (edition['variant'], ''.join(f' {flag}' for flag in edition['flags']))
+    for name, edition in grade.EDITIONS.items()
+}
 
 
 def parts_of(label):

@@ -32,6 +32,7 @@ import trainer
 import utils
 from machinery import (
     checks,
+    cuda_graphs,
     decoding,
     devices,
     distributed,
@@ -184,6 +185,12 @@ def add_overrides(quick):
         action='store_true',
         help="train with torch.compile (CUDA only): fewer, fused kernels for a GPU that "
         "waits on launches; the results are close to eager's, not identical",
+    )
+    quick.add_argument(
+        '--cuda_graph',
+        action='store_true',
+        help="replay each training step from a CUDA graph (CUDA only, one process): one "
+        "launch a step instead of about a thousand",
     )
     quick.add_argument(
         '--save_every',
@@ -411,6 +418,7 @@ def add_settings(config, args, device):
     config.precision = devices.training_precision(args.precision, device)
     config.device = device
     config.compile = args.compile
+    config.cuda_graph = args.cuda_graph
     if args.save_every:
         config.ckpt_path = checkpoint_path(path, config.max_epochs)
         config.save_every = args.save_every
@@ -447,6 +455,8 @@ def check_args(args):
     distributed.check_launch(args.function, devices.pick_device(args.device))
     if args.compile:
         devices.check_compile(devices.pick_device(args.device))
+    if args.cuda_graph and args.function != 'evaluate':
+        cuda_graphs.check(devices.pick_device(args.device), distributed.PROCESSES, args.compile)
     vocab = checks.check_corpus(args.pretrain_corpus_path, (dataset.PAD_CHAR, dataset.MASK_CHAR))
     if args.function == 'finetune':
         checks.check_tsv(args.finetune_corpus_path, vocab, BLOCK_SIZE, training=True)

@@ -5,8 +5,9 @@ It trains on what the original trains on (the same batches in the same order, th
 schedule), through GPT.forward. The machinery beside it: packing.py (the loss computed on
 only the positions that can change it), resume.py (the resumable state: made, written,
 checked and restored; Ctrl-C or SIGTERM), metrics.py (every step's loss and learning
-rate), distributed.py (torchrun: each process's share of the loss) and devices.py (where,
-and in what precision).
+rate), distributed.py (torchrun: each process's share of the loss), devices.py (where,
+and in what precision), batch_producer.py (on CUDA, the same batches built ahead in
+another process) and cuda_graphs.py (--cuda_graph: the step replayed from CUDA graphs).
 """
 
 import functools
@@ -16,7 +17,18 @@ import time
 import numpy as np
 import torch
 
-from machinery import checks, devices, distributed, dropout, files, metrics, params_files, resume
+from machinery import (
+    batch_producer,
+    checks,
+    cuda_graphs,
+    devices,
+    distributed,
+    dropout,
+    files,
+    metrics,
+    params_files,
+    resume,
+)
 from machinery.packing import Packing, target_lengths
 
 
@@ -48,6 +60,9 @@ class TrainerConfig:
     log_every = 10  # steps between progress updates; each one waits for the device
     finetune_method = 'full'  # which weights train (finetune_methods.describe): checked on resume
     compile = False  # torch.compile the model first (CUDA only: devices.compile_model)
+    cuda_graph = False  # replay each step from a CUDA graph (cuda_graphs.py)
+    # build the batches ahead in a producer process (batch_producer.py); None: on CUDA
+    batch_producer = None
 
     def __init__(self, **kwargs):
         for k, v in kwargs.items():
@@ -90,7 +105,9 @@ class Trainer:
         self.steps_before = 0  # steps an interrupted run made before this one resumed it
         self.steps_run = 0  # steps this run made
         self.final_loss = float('nan')  # the last logged loss
-        self.next_batch_rng = None  # the random states before the batch built ahead, if any
+        self.batches = None  # the run's remaining batches, as train() takes them
+        # one training step on a CPU batch: its loss (the model updated)
+        self.train_step = cuda_graphs.GraphedStep(self) if config.cuda_graph else self.eager_step
 
     def make_optimizer(self):
         config = self.config
@@ -132,6 +149,7 @@ class Trainer:
             self.resumed_elapsed = self.elapsed
         self.steps_before = self.epoch * self.steps_per_epoch + self.step
         self.start_time, last_save = time.time() - self.elapsed, time.time()
+        self.batches = self.remaining_batches()
         total_steps = config.max_epochs * self.steps_per_epoch
         average = functools.partial(distributed.average, device=self.device)  # over processes
         progress = metrics.Progress(config, self.steps_before, total_steps, self.rank == 0, average)
@@ -155,31 +173,35 @@ class Trainer:
             ) from None
         finally:
             progress.close()
+            self.batches.close()
+            self.batches.adopt_states()
         self.clock()
         self.steps_run = self.epoch * self.steps_per_epoch + self.step - self.steps_before
         self.final_loss = progress.log.last_loss
 
+    def remaining_batches(self):
+        """The batches left in the run, in order: built in this process, or on CUDA ahead
+        in a producer process (the same batches), where nothing else draws random numbers
+        between them (no test set)."""
+        config, device = self.config, self.device
+        ahead = config.batch_producer
+        if ahead is None:
+            ahead = devices.builds_batches_ahead(device) and self.test_dataset is None
+        where = (self.train_dataset, config.batch_size, self.epoch, self.step, config.max_epochs)
+        if ahead:
+            return batch_producer.BatchProducer(*where, torch_rng=device != 'cpu')
+        return batch_producer.InProcess(self, *where[2:])
+
     def run_epoch(self, epoch, progress):
         """The rest of the epoch: from batch self.step to its end."""
         self.model.train()
-        steps = range(self.step, self.steps_per_epoch)
-        batch = self.batch(self.train_dataset, self.step) if steps else None
-        for step in steps:
-            x, y = batch
-            loss = self.loss(x, y)
-            self.update(loss)
-            # the next batch is built while a GPU works on this step's queued kernels; the
-            # resumable state keeps the random states from before it, so that a run resumed
-            # here builds it again
-            ahead = step + 1 < self.steps_per_epoch
-            self.next_batch_rng = resume.random_states() if ahead else None
-            batch = self.batch(self.train_dataset, step + 1) if ahead else None
+        for step, (x, y) in zip(range(self.step, self.steps_per_epoch), self.batches):
+            loss = self.train_step(x, y)
             # as in the original: the schedule moves after the step, counting every target
             # position (PADs too), and the new rate applies from the next step
             self.tokens += y.numel()
             lr = self.lr_at(self.tokens)
-            for param_group in self.optimizer.param_groups:
-                param_group['lr'] = lr
+            self.set_lr(lr)
             self.epoch, self.step = epoch, step + 1
             done = epoch * self.steps_per_epoch + step + 1
             progress.log.add(epoch, done, loss.detach(), lr, self.tokens)
@@ -224,6 +246,12 @@ class Trainer:
         with devices.autocast(self.device, self.config.precision):
             return self.model(x, y, packing=packing)[1]
 
+    def eager_step(self, x, y):
+        """One training step on the CPU batch (x, y), as written here: its loss."""
+        loss = self.loss(x, y)
+        self.update(loss)
+        return loss
+
     def packing(self, lengths):
         """The Packing of rows with these target lengths where training packs (the CPU),
         else None: the whole padded batch (devices.packs_batches)."""
@@ -239,6 +267,15 @@ class Trainer:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_norm_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
+
+    def set_lr(self, lr):
+        """The learning rate of the next steps: a rate held as a device tensor (a CUDA
+        graph's, cuda_graphs.py) is written in place."""
+        for param_group in self.optimizer.param_groups:
+            if torch.is_tensor(param_group['lr']):
+                param_group['lr'].fill_(lr)
+            else:
+                param_group['lr'] = lr
 
     def to_device(self, *tensors):
         return [devices.to_device(t, self.device) for t in tensors]
@@ -268,5 +305,8 @@ class Trainer:
         files.atomic_save(params_files.written_params(self.model), path)
 
     def save_state(self):
-        """The resumable state, written to config.resume_path (resume.save)."""
+        """The resumable state, written to config.resume_path (resume.save), with the
+        random states where the batches taken so far leave them."""
+        if self.batches is not None:
+            self.batches.adopt_states()
         resume.save(self)

@@ -56,15 +56,16 @@ def setup(folder, method='full', **overrides):
     return gpt, ds, trainer.TrainerConfig(**settings)
 
 
-def interrupted_run(rank, world_size, folder, method):
+def interrupted_run(rank, world_size, folder, method, producer=False):
     """A stop signal reaches process 0 alone during step 2; every process must stop after
-    the same step, and the run is then resumed in fresh models."""
+    the same step, and the run is then resumed in fresh models. producer: each process
+    takes its batches from a producer process of its own (batch_producer.py), as on CUDA."""
     dist.init_process_group(
         'gloo', init_method=f'file://{folder}/store', rank=rank, world_size=world_size
     )
     torch.set_num_threads(1)
     random.seed(0)
-    gpt, ds, config = setup(folder, method)
+    gpt, ds, config = setup(folder, method, batch_producer=producer)
     t = trainer.Trainer(gpt, ds, None, config)
     seed = torch.initial_seed()
     real, steps = gpt.forward, {'n': 0}
@@ -83,7 +84,7 @@ def interrupted_run(rank, world_size, folder, method):
         stopped = str(e)
     random.seed(100 + rank)
     torch.manual_seed(100 + rank)
-    gpt, ds, config = setup(folder, method, resume=True)
+    gpt, ds, config = setup(folder, method, resume=True, batch_producer=producer)
     resumed = trainer.Trainer(gpt, ds, None, config)
     resumed.train()
     torch.save(
@@ -96,8 +97,9 @@ def csv_losses(path):
     return [float(row.split(',')[2]) for row in path.read_text().splitlines()[1:]]
 
 
-@pytest.mark.parametrize('method', ['full', 'lora'])  # lora: most weights frozen
-def test_two_processes_compute_what_one_computes(tmp_path, method):
+# lora: most weights frozen; the producer: batches built ahead, as on CUDA
+@pytest.mark.parametrize('method, producer', [('full', False), ('lora', False), ('full', True)])
+def test_two_processes_compute_what_one_computes(tmp_path, method, producer):
     single, ddp = tmp_path / 'single', tmp_path / 'ddp'
     single.mkdir(), ddp.mkdir()
     random.seed(0)
@@ -105,7 +107,9 @@ def test_two_processes_compute_what_one_computes(tmp_path, method):
     trainer.Trainer(gpt, ds, None, config).train()
     expected = gpt.state_dict()
 
-    mp.start_processes(interrupted_run, args=(2, ddp, method), nprocs=2, start_method='spawn')
+    mp.start_processes(
+        interrupted_run, args=(2, ddp, method, producer), nprocs=2, start_method='spawn'
+    )
     results = [torch.load(ddp / f'rank{r}.pt', weights_only=False) for r in range(2)]
     assert (
         results[0]['stopped']

@@ -2,7 +2,7 @@
 
     python tools/bench.py [--steps 5] [--questions 20] [--params vanilla.finetune.params]
                         [--variant vanilla|synthesizer|perceiver|rope] [--bottleneck_dim 32]
-                        [--device cuda] [--precision fp16] [--compile]
+                        [--device cuda] [--precision fp16] [--compile | --cuda_graph]
 
 Where --variant and --bottleneck_dim are left out, the variant and the perceiver's
 bottleneck are the params file's (without --params: vanilla and 32).
@@ -13,7 +13,9 @@ then forward, backward, clipping, AdamW), with the same model and batch for both
          positions, torch's dropout (the original minGPT code path)
   ours   the Trainer's step: GPT.forward with packing (only positions that can affect the loss),
          dropout.Dropout, and the precision run.py picks (--precision auto); on a GPU
-         the whole padded batch, compiled with --compile
+         the whole padded batch, compiled with --compile, replayed from CUDA graphs with
+         --cuda_graph; on CUDA the batches are built ahead in another process, so a step
+         there waits for the longer of the two, not for both
 evaluate: time per birth_dev.tsv question, greedy-decoding 32 characters
   plain  one question at a time, re-running the whole prefix for every character
   ours   decoding.greedy_complete: questions batched by length, each step feeding only the
@@ -43,7 +45,16 @@ import dataset
 import run
 import trainer
 import utils
-from machinery import decoding, devices, dropout, files, packing, params_files
+from machinery import (
+    batch_producer,
+    cuda_graphs,
+    decoding,
+    devices,
+    dropout,
+    files,
+    packing,
+    params_files,
+)
 
 
 def make_model(vocab_size, variant='vanilla', bottleneck_dim=32):
@@ -103,7 +114,9 @@ def matmul_peak(dtype, device):
     return 2 * n**3 / seconds
 
 
-def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision, device, compile):
+def bench_pretraining(
+    corpus, steps_per_path, variant, bottleneck_dim, precision, device, compile, cuda_graph=False
+):
     """Median seconds of building a batch (the trainer's, span corruption of 128 documents
     on the CPU, the same in both paths) and of each path's step on the same batch; and the
     positions of each of its rows that our step computes."""
@@ -119,6 +132,7 @@ def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision
             device=device,
             precision='fp32' if plain else precision,
             compile=compile and not plain,
+            cuda_graph=cuda_graph and not plain,
         )
         t = trainer.Trainer(gpt, corpus, None, config)
         if plain:
@@ -127,17 +141,35 @@ def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision
         def step(gpt=gpt, t=t, plain=plain):
             if plain:
                 loss = gpt(*t.to_device(x, y))[1]
+                t.update(loss)
             else:
-                loss = t.loss(x, y)  # the trainer's: packing on the CPU, then autocast
-            t.update(loss)
+                t.train_step(x, y)  # the trainer's: packing on the CPU, autocast, graphs
 
         steps.append(step)
+        for _ in range(cuda_graphs.WARMUP if cuda_graph and not plain else 0):
+            step()  # the graph's eager steps; time_steps' warm-up then captures it
     steps.insert(0, lambda t=t: t.batch(corpus, next(built) % t.steps_per_epoch))  # ours
     names = ('batch', 'plain', 'ours')
     results = dict(zip(names, time_steps(steps, steps_per_path, device)))
     # positions our step computes, per row: the CPU packs, a GPU computes the padded batch
     rows = packing.target_lengths(y) if devices.packs_batches(device) else [y.size(1)] * len(y)
     return results, [int(n) for n in rows]
+
+
+def producer_seconds(corpus, epochs=2):
+    """Seconds between the batches of 128 that the producer process (batch_producer.py)
+    hands over, over `epochs` epochs after its first."""
+    random.seed(0)
+    producer = batch_producer.BatchProducer(corpus, 128, 0, 0, epochs)
+    next(producer)
+    start = time.perf_counter()
+    n = sum(1 for _ in producer)
+    producer.close()
+    return (time.perf_counter() - start) / n
+
+
+def duration(seconds):
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
 
 
 def model_flops(kept_positions, rows, n_embd=256, n_layer=4, vocab=256):
@@ -191,24 +223,43 @@ def parse_args(argv):
     argp.add_argument(
         '--compile', action='store_true', help="compile our step (run.py's --compile; CUDA only)"
     )
+    argp.add_argument(
+        '--cuda_graph',
+        action='store_true',
+        help="replay our step from CUDA graphs (run.py's --cuda_graph; CUDA only)",
+    )
     return argp.parse_args(argv)
 
 
 def report_pretraining(args, corpus, precision, device):
     times, rows = bench_pretraining(
-        corpus, args.steps, args.variant, args.bottleneck_dim, precision, device, args.compile
+        corpus,
+        args.steps,
+        args.variant,
+        args.bottleneck_dim,
+        precision,
+        device,
+        args.compile,
+        args.cuda_graph,
     )
-    # what a user waits for: each step builds its batch first, on the CPU
-    batch, plain, ours = (
-        times['batch'],
-        times['plain'] + times['batch'],
-        times['ours'] + times['batch'],
-    )
+    # what a user waits for: each step builds its batch first, on the CPU; ours on CUDA
+    # takes batches that a producer process builds meanwhile
+    batch = times['batch']
+    plain = times['plain'] + batch
+    ours = times['ours'] + batch
     positions = 128 * (run.BLOCK_SIZE - 1)
     print(
         f"pretraining step (batch 128 x 127 positions; ours computes {sum(rows)} of {positions};"
         f" each path's time includes building the batch, {batch * 1000:.1f} ms):"
     )
+    if devices.builds_batches_ahead(device):
+        ahead = producer_seconds(corpus)
+        ours = max(times['ours'], ahead)
+        print(
+            f"  ours takes its batches from a producer process, which hands one over every "
+            f"{ahead * 1000:.1f} ms; its step waits for the longer of that and its own work, "
+            f"{times['ours'] * 1000:.1f} ms"
+        )
     print(f"  plain: {plain * 1000:8.1f} ms/step  {positions / plain:9,.0f} tokens/s")
     print(
         f"  ours:  {ours * 1000:8.1f} ms/step  {positions / ours:9,.0f} tokens/s   "
@@ -216,8 +267,8 @@ def report_pretraining(args, corpus, precision, device):
     )
     steps_650 = 650 * math.ceil(len(corpus) / 128)
     print(
-        f"  650-epoch pretraining ({steps_650} steps): plain {steps_650 * plain / 3600:.1f} h, "
-        f"ours {steps_650 * ours / 3600:.1f} h"
+        f"  650-epoch pretraining ({steps_650} steps): plain {duration(steps_650 * plain)}, "
+        f"ours {duration(steps_650 * ours)}"
     )
     if args.variant in ('vanilla', 'rope'):
         flops = model_flops(sum(rows), rows)
@@ -238,6 +289,8 @@ def main(argv=None):
         precision = devices.training_precision(args.precision, device)
         if args.compile:
             devices.check_compile(device)
+        if args.cuda_graph:
+            cuda_graphs.check(device, 1, args.compile)
         corpus = dataset.CharCorruptionDataset(files.read_text('wiki.txt'), run.BLOCK_SIZE)
         decoder = decoding_model(args, corpus)
     except files.UserError as e:
@@ -245,6 +298,7 @@ def main(argv=None):
     print(
         f"machine: {devices.describe(device)} ({torch.get_num_threads()} threads); "
         f"variant {args.variant}; our precision {precision}{', compiled' if args.compile else ''}"
+        f"{', CUDA graphs' if args.cuda_graph else ''}"
     )
     report_pretraining(args, corpus, precision, device)
     plain, ours, n = bench_evaluate(corpus, decoder, args.questions, device)

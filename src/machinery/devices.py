@@ -142,10 +142,15 @@ def autocast_dtype(precision):
     return {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(precision)
 
 
-def autocast(device, precision):
+def autocast(device, precision, cache_enabled=True):
     """The forward pass's autocast context for a training precision (off for fp32)."""
     dtype = autocast_dtype(precision)
-    return torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+    return torch.autocast(
+        device,
+        dtype=dtype or torch.bfloat16,
+        enabled=dtype is not None,
+        cache_enabled=cache_enabled,
+    )
 
 
 def training_precision(choice, device):
@@ -192,6 +197,13 @@ def packs_batches(device):
     and cuDNN build a graph and cache memory for: they train on the whole padded batch,
     one shape a phase. The loss is the same either way (tests/test_trainer.py)."""
     return device == 'cpu'
+
+
+def builds_batches_ahead(device):
+    """Whether training's batches are built ahead in a producer process (batch_producer.py):
+    on CUDA, where a step takes less time than building its batch. On the CPU the step
+    takes hundreds of times longer than the batch, and the cores are better left to it."""
+    return device == 'cuda'
 
 
 def fused_adamw(device):

@@ -142,11 +142,10 @@ def state_of(trainer):
     fp16's loss scale, where the run is, and every random state: Python's and numpy's (the
     span corruption) and each process's torch state (its dropout masks). Tensors and
     plain values only."""
-    # a batch built ahead is drawn again by the run that resumes this state
-    python_rng, numpy_rng = trainer.next_batch_rng or random_states()
+    python_rng, numpy_rng = random_states()
     return {
         'model': params_files.cpu_state_dict(trainer.model),
-        'optimizer': trainer.optimizer.state_dict(),
+        'optimizer': uncaptured(trainer.optimizer.state_dict()),
         'scaler': trainer.scaler.state_dict(),  # fp16's loss scale; empty otherwise
         'epoch': trainer.epoch,
         'step': trainer.step,
@@ -157,6 +156,17 @@ def state_of(trainer):
         'numpy_rng': numpy_rng,
         'process_rngs': distributed.gather(torch_rng_state(trainer.device)),
     }
+
+
+def uncaptured(optimizer_state):
+    """An optimizer's state_dict as an uncaptured run keeps it: the learning rate a number
+    and not capturable (cuda_graphs.py makes them a device tensor and capturable), so that
+    a state saved with --cuda_graph resumes without it, on any device."""
+    for group in optimizer_state['param_groups']:
+        if torch.is_tensor(group['lr']):
+            group['lr'] = group['lr'].item()
+        group['capturable'] = False
+    return optimizer_state
 
 
 def restore(trainer, state):

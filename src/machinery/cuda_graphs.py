@@ -1,0 +1,137 @@
+"""The whole training step replayed from a CUDA graph (run.py --cuda_graph).
+
+The model is small enough that a GPU waits on Python and on launching some thousand
+kernels a step, not on arithmetic. Here the trainer's own step (the model's loss as
+Trainer.loss computes it on a GPU, then Trainer.update: backward, fp16's unscaling,
+gradient clipping, AdamW and the loss scaler's update) is captured once into a CUDA
+graph and then replayed, one launch a step:
+- the batch is copied into static input buffers, one pair (and one graph) per batch
+  shape: an epoch's full batches and its shorter last one;
+- AdamW is fused and capturable, and its learning rate is a device tensor that the
+  schedule writes before each replay (Trainer.set_lr); the fused kernel reads it in
+  fp32, so a rate that fp32 cannot hold exactly is rounded (eager passes a double);
+- clipping, the unscaling and the scaler's update run on the device without a host
+  sync; a step whose fp16 gradients overflowed is skipped inside the fused AdamW;
+- dropout draws from CUDA's default generator, which graphs advance as eager code does;
+- each step's loss is copied out of the graph's buffer, and the trainer reads the copies
+  every log interval (metrics.MetricsLog).
+The first WARMUP steps run eagerly on a side stream (they set up AdamW's moments, the
+scaler and cuBLAS), as PyTorch's notes on whole-network capture ask; they are real steps.
+
+Elsewhere (the tests on a CPU; capture=False) every "replay" is a plain call of the same step
+on the same static buffers: everything here but the capture itself.
+"""
+
+import torch
+
+from machinery import devices
+from machinery.files import UserError
+
+WARMUP = 3
+
+
+def check(device, processes, compile):
+    """--cuda_graph's conditions, checked before training starts."""
+    if device != 'cuda':
+        raise UserError(f"--cuda_graph: for CUDA GPUs only, and this runs on the {device}")
+    if processes > 1:
+        raise UserError("--cuda_graph: one process only (under torchrun the step runs uncaptured)")
+    if compile:
+        raise UserError("--cuda_graph: leave out --compile (the two are not tested together)")
+
+
+class Captured:
+    """One batch shape's graph: its static inputs and the loss it writes."""
+
+    def __init__(self, x, y):
+        self.x = torch.empty_like(x)  # (b, T) on the device
+        self.y = torch.empty_like(y)  # (b, T)
+        self.loss = None  # () the step's loss, overwritten by each replay
+        self.graph = None  # torch.cuda.CUDAGraph, or None without capture
+
+
+class GraphedStep:
+    """trainer's step on a batch (x, y): eager for the first WARMUP steps, then replayed
+    from the graph of the batch's shape (captured the first time that shape comes)."""
+
+    def __init__(self, trainer, capture=None):
+        self.trainer = trainer
+        self.capture = trainer.device == 'cuda' if capture is None else capture
+        self.eager_left = WARMUP
+        self.captured = {}  # (b, T) -> Captured
+        self.lr = None  # the device tensor AdamW reads its learning rate from, once captured
+
+    def __call__(self, x, y):
+        """The loss of one training step on the CPU batch (x, y); the model is updated."""
+        trainer = self.trainer
+        x, y = trainer.to_device(x, y)
+        if self.eager_left:
+            self.eager_left -= 1
+            return self.eager_step(x, y)
+        shape = tuple(x.shape)
+        if shape not in self.captured:
+            self.captured[shape] = self.capture_step(x, y)
+        step = self.captured[shape]
+        step.x.copy_(x, non_blocking=True)
+        step.y.copy_(y, non_blocking=True)
+        if step.graph is not None:
+            step.graph.replay()
+        else:
+            step.loss = self.step_on(step.x, step.y)
+        return step.loss.clone()  # the next replay overwrites step.loss
+
+    def step_on(self, x, y):
+        """The trainer's step on the device batch (x, y), as Trainer.loss and update do
+        it on a GPU (the whole padded batch): its loss; the model is updated. Autocast's
+        cache of cast weights is off: a cast cached inside a graph must not outlive it."""
+        trainer = self.trainer
+        with devices.autocast(trainer.device, trainer.config.precision, cache_enabled=False):
+            loss = trainer.model(x, y)[1]
+        trainer.update(loss)
+        return loss.detach()
+
+    def eager_step(self, x, y):
+        if not self.capture:
+            return self.step_on(x, y)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            loss = self.step_on(x, y)
+        torch.cuda.current_stream().wait_stream(side)
+        return loss
+
+    def capture_step(self, x, y):
+        """The graph of the step on batches of x's shape (recorded, not run)."""
+        step = Captured(x, y)
+        self.make_capturable()
+        if not self.capture:
+            return step
+        step.x.copy_(x)
+        step.y.copy_(y)
+        torch.cuda.synchronize()
+        step.graph = torch.cuda.CUDAGraph()
+        self.trainer.model.zero_grad(set_to_none=True)  # the graph allocates its gradients
+        try:
+            with torch.cuda.graph(step.graph):
+                step.loss = self.step_on(step.x, step.y)
+        except RuntimeError as e:
+            reason = str(e).strip().split('\n')[0]
+            raise UserError(
+                f"--cuda_graph: the training step cannot be captured ({reason}); train "
+                f"without --cuda_graph"
+            ) from None
+        return step
+
+    def make_capturable(self):
+        """AdamW made capturable, its learning rate a device tensor (set_lr writes it)."""
+        if self.lr is not None:
+            return
+        optimizer = self.trainer.optimizer
+        lr = optimizer.param_groups[0]['lr']
+        # fp32 where the fused CUDA kernel reads it; the CPU's AdamW computes with it, in
+        # the double precision it gives a Python number
+        dtype = torch.float32 if self.capture else torch.float64
+        self.lr = torch.tensor(float(lr), dtype=dtype, device=self.trainer.device)
+        for group in optimizer.param_groups:
+            group['lr'] = self.lr
+            group['capturable'] = self.capture

@@ -4,7 +4,11 @@ the middle of one), and leave the random states where building them here would; 
 trained on them ends with the same params and random states, interrupted or not."""
 
 import hashlib
+import multiprocessing
+import os
 import random
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -89,6 +93,26 @@ def test_adopted_states_stand_after_the_batches_taken():
     here = batch_producer.InProcess(t, 0, 0, 3)
     assert [digest(next(here)) for _ in range(7)] == [digest(b) for b in taken]
     assert same_states(batch_producer.random_states(), after_seven)
+
+
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
+def test_the_worker_outlives_ctrl_c_and_sigterm(signum):
+    """They reach the worker too (a terminal's process group, a stopping VM); the trainer
+    decides when to stop, so the worker goes on building until it is closed."""
+    dataset = tiny_setup()[1]
+    t = trainer_of(dataset, 8)
+    seed_everything(4)
+    expected = [digest(b) for b in batch_producer.InProcess(t, 0, 0, 6)]
+    seed_everything(4)
+    producer = batch_producer.BatchProducer(dataset, 8, 0, 0, 6)
+    got = [digest(next(producer))]
+    (worker,) = multiprocessing.active_children()
+    os.kill(worker.pid, signum)
+    time.sleep(0.2)
+    got += [digest(b) for b in producer]
+    assert worker.exitcode in (None, 0)  # still running, or ended as the producer closed
+    producer.close()
+    assert got == expected
 
 
 def test_run_batches_cover_every_remaining_step():

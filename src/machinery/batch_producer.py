@@ -18,6 +18,7 @@ from those generators between batches (no test set).
 import functools
 import math
 import random
+import signal
 
 import numpy as np
 import torch
@@ -57,12 +58,22 @@ def random_states():
     return (*resume.random_states(), torch.get_rng_state().numpy().tobytes())
 
 
-def set_random_states(states, worker_id=None, torch_too=True):
+def set_random_states(states, torch_too=True):
     python_rng, numpy_rng, torch_rng = states
     random.setstate(python_rng)
     np.random.set_state(numpy_rng)
     if torch_too:
         torch.set_rng_state(torch.frombuffer(bytearray(torch_rng), dtype=torch.uint8))
+
+
+def start_worker(states, worker_id):
+    """The worker's start: the trainer's random states, and Ctrl-C and SIGTERM left to the
+    trainer (they reach the worker too, from a terminal or a VM that stops: the trainer
+    finishes its step and saves its state, then ends the worker; a worker that died of
+    them would stop the trainer at once instead)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    set_random_states(states)
 
 
 def stack_examples(examples):
@@ -92,7 +103,7 @@ class BatchProducer:
             batch_sampler=batches,
             num_workers=1,
             collate_fn=stack_examples,
-            worker_init_fn=functools.partial(set_random_states, self.states),
+            worker_init_fn=functools.partial(start_worker, self.states),
             prefetch_factor=PREFETCH,
             # its own generator: the loader's seeds are not drawn from torch's global one
             generator=torch.Generator(),

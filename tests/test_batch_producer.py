@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import random
 import signal
+import sys
 import time
 
 import numpy as np
@@ -95,6 +96,7 @@ def test_adopted_states_stand_after_the_batches_taken():
     assert same_states(batch_producer.random_states(), after_seven)
 
 
+@pytest.mark.skipif(sys.platform == 'win32', reason="os.kill ends a process on Windows")
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
 def test_the_worker_outlives_ctrl_c_and_sigterm(signum):
     """They reach the worker too (a terminal's process group, a stopping VM); the trainer

@@ -49,7 +49,8 @@ def test_graphed_step_trains_as_the_eager_step_bit_for_bit():
     for (name, p), q in zip(eager.model.named_parameters(), graphed.model.parameters()):
         assert torch.equal(p, q), name
     step = graphed.unlogged_step
-    # 3 eager warm-up steps, then one buffer pair per shape: 8 rows, and the epoch's last 5
+    # 3 eager warm-up steps, each shape's first step eager (the epoch's short last batch:
+    # epoch 1), then one buffer pair per shape: 8 rows, and the epoch's last 5
     assert step.eager_left == 0 and sorted(step.captured) == [(5, 31), (8, 31)]
     assert all(group['lr'] is step.lr for group in graphed.optimizer.param_groups)
 
@@ -114,6 +115,9 @@ def test_graphed_run_resumes_exactly_with_or_without_graphs(tmp_path, resumed_wi
 
 def test_conditions_of_the_flag():
     cuda_graphs.check('cuda', 1, False)
+    cuda_graphs.check('cpu', 1, False, stand_in=True)  # the tests' plain calls
+    with pytest.raises(UserError, match='CUDA GPUs only'):
+        cuda_graphs.check('mps', 1, False, stand_in=True)
     for device, processes, compile, why in [
         ('cpu', 1, False, 'CUDA GPUs only'),
         ('mps', 1, False, 'CUDA GPUs only'),

@@ -123,6 +123,9 @@ class BatchProducer:
 
     def close(self):
         """Stops the worker (and the batches it built ahead)."""
+        shutdown = getattr(self.iterator, '_shutdown_workers', None)
+        if shutdown is not None:
+            shutdown()  # now, rather than when the iterator is collected
         self.iterator = iter(())
 
 

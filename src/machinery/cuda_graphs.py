@@ -15,8 +15,10 @@ graph and then replayed, one launch a step:
 - dropout draws from CUDA's default generator, which graphs advance as eager code does;
 - each step's loss is copied out of the graph's buffer, and the trainer reads the copies
   every log interval (metrics.MetricsLog).
-The first WARMUP steps run eagerly on a side stream (they set up AdamW's moments, the
-scaler and cuBLAS), as PyTorch's notes on whole-network capture ask; they are real steps.
+The first WARMUP steps, and the first step of each new batch shape, run eagerly on a side
+stream (they set up AdamW's moments, the scaler and the kernels that shape needs), as
+PyTorch's notes on whole-network capture ask; they are real steps, with the learning
+rate already the tensor the graphs read, so that a resumed run repeats them exactly.
 
 Elsewhere (the tests on a CPU; capture=False) every "replay" is a plain call of the same step
 on the same static buffers: everything here but the capture itself.
@@ -30,12 +32,13 @@ from machinery.files import UserError
 WARMUP = 3
 
 
-def check(device, processes, compile):
-    """--cuda_graph's conditions, checked before training starts."""
-    if device != 'cuda':
+def check(device, processes, compile, stand_in=False):
+    """--cuda_graph's conditions, checked before training starts; stand_in: the CPU's
+    plain calls (the tests') are allowed too."""
+    if device != 'cuda' and not (stand_in and device == 'cpu'):
         raise UserError(f"--cuda_graph: for CUDA GPUs only, and this runs on the {device}")
     if processes > 1:
-        raise UserError("--cuda_graph: one process only (under torchrun the step runs uncaptured)")
+        raise UserError("--cuda_graph: one process only; under torchrun, leave it out")
     if compile:
         raise UserError("--cuda_graph: leave out --compile (the two are not tested together)")
 
@@ -54,21 +57,26 @@ class GraphedStep:
     """trainer's step on a batch (x, y): eager for the first WARMUP steps, then replayed
     from the graph of the batch's shape (captured the first time that shape comes)."""
 
-    def __init__(self, trainer, capture=None):
+    def __init__(self, trainer):
+        config = trainer.config
+        check(trainer.device, trainer.world_size, config.compile, stand_in=True)
         self.trainer = trainer
-        self.capture = trainer.device == 'cuda' if capture is None else capture
+        self.capture = trainer.device == 'cuda'
         self.eager_left = WARMUP
+        self.seen = set()  # the batch shapes stepped on eagerly
         self.captured = {}  # (b, T) -> Captured
-        self.lr = None  # the device tensor AdamW reads its learning rate from, once captured
+        self.lr = None  # the device tensor AdamW reads its learning rate from
 
     def __call__(self, x, y):
         """The loss of one training step on the CPU batch (x, y); the model is updated."""
         trainer = self.trainer
+        self.make_lr_a_tensor()
         x, y = trainer.to_device(x, y)
-        if self.eager_left:
-            self.eager_left -= 1
-            return self.eager_step(x, y)
         shape = tuple(x.shape)
+        if self.eager_left or shape not in self.seen:
+            self.eager_left = max(0, self.eager_left - 1)
+            self.seen.add(shape)
+            return self.eager_step(x, y)
         if shape not in self.captured:
             self.captured[shape] = self.capture_step(x, y)
         step = self.captured[shape]
@@ -103,9 +111,10 @@ class GraphedStep:
     def capture_step(self, x, y):
         """The graph of the step on batches of x's shape (recorded, not run)."""
         step = Captured(x, y)
-        self.make_capturable()
         if not self.capture:
             return step
+        for group in self.trainer.optimizer.param_groups:
+            group['capturable'] = True
         step.x.copy_(x)
         step.y.copy_(y)
         torch.cuda.synchronize()
@@ -115,15 +124,18 @@ class GraphedStep:
             with torch.cuda.graph(step.graph):
                 step.loss = self.step_on(step.x, step.y)
         except RuntimeError as e:
-            reason = str(e).strip().split('\n')[0]
+            cause = e  # the first error; ending the capture raises another of its own
+            while cause.__context__ is not None:
+                cause = cause.__context__
+            reason = str(cause).strip().split('\n')[0]
             raise UserError(
                 f"--cuda_graph: the training step cannot be captured ({reason}); train "
                 f"without --cuda_graph"
-            ) from None
+            ) from e
         return step
 
-    def make_capturable(self):
-        """AdamW made capturable, its learning rate a device tensor (set_lr writes it)."""
+    def make_lr_a_tensor(self):
+        """AdamW's learning rate as a device tensor (Trainer.set_lr writes it)."""
         if self.lr is not None:
             return
         optimizer = self.trainer.optimizer
@@ -134,4 +146,3 @@ class GraphedStep:
         self.lr = torch.tensor(float(lr), dtype=dtype, device=self.trainer.device)
         for group in optimizer.param_groups:
             group['lr'] = self.lr
-            group['capturable'] = self.capture

@@ -39,12 +39,16 @@ class RunBatches:
         self.steps_per_epoch = math.ceil(n_examples / batch_size)
         self.first_epoch, self.first_step, self.max_epochs = first_epoch, first_step, max_epochs
 
-    def __iter__(self):
-        bs = self.batch_size
+    def steps(self):
+        """The number, within its epoch, of each batch left."""
         for epoch in range(self.first_epoch, self.max_epochs):
             first = self.first_step if epoch == self.first_epoch else 0
-            for step in range(first, self.steps_per_epoch):
-                yield list(range(step * bs, min((step + 1) * bs, self.n)))
+            yield from range(first, self.steps_per_epoch)
+
+    def __iter__(self):
+        bs = self.batch_size
+        for step in self.steps():
+            yield list(range(step * bs, min((step + 1) * bs, self.n)))
 
     def __len__(self):
         epochs = max(0, self.max_epochs - self.first_epoch)
@@ -133,11 +137,11 @@ class InProcess:
     """The batches built in this process, one as training takes it (Trainer.batch)."""
 
     def __init__(self, trainer, first_epoch, first_step, max_epochs):
-        self.batches = (
-            trainer.batch(trainer.train_dataset, step)
-            for epoch in range(first_epoch, max_epochs)
-            for step in range(first_step if epoch == first_epoch else 0, trainer.steps_per_epoch)
+        dataset = trainer.train_dataset
+        run = RunBatches(
+            len(dataset), trainer.config.batch_size, first_epoch, first_step, max_epochs
         )
+        self.batches = (trainer.batch(dataset, step) for step in run.steps())
 
     def __iter__(self):
         return self.batches

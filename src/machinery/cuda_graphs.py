@@ -20,8 +20,8 @@ stream (they set up AdamW's moments, the scaler and the kernels that shape needs
 PyTorch's notes on whole-network capture ask; they are real steps, with the learning
 rate already the tensor the graphs read, so that a resumed run repeats them exactly.
 
-Elsewhere (the tests on a CPU; capture=False) every "replay" is a plain call of the same step
-on the same static buffers: everything here but the capture itself.
+Elsewhere (the tests on a CPU) every "replay" is a plain call of the same step on the same
+static buffers: everything here but the capture itself.
 """
 
 import torch
@@ -109,14 +109,13 @@ class GraphedStep:
         return loss
 
     def capture_step(self, x, y):
-        """The graph of the step on batches of x's shape (recorded, not run)."""
+        """The graph of the step on batches of x's shape (recorded, not run: the caller
+        fills its inputs and replays it)."""
         step = Captured(x, y)
         if not self.capture:
             return step
         for group in self.trainer.optimizer.param_groups:
             group['capturable'] = True
-        step.x.copy_(x)
-        step.y.copy_(y)
         torch.cuda.synchronize()
         step.graph = torch.cuda.CUDAGraph()
         self.trainer.model.zero_grad(set_to_none=True)  # the graph allocates its gradients

@@ -14,6 +14,15 @@ adapter for the defaults), then evaluate on the dev set and on the test inputs. 
 variant (and the perceiver's bottleneck) is read from each params file, and a model is
 named for its file: perceiver.s1.pretrain.params is perceiver.s1.
 
+With --pretrain, the variants named are first pretrained by the handout's pretrain
+command, once per --pretrain_seeds, into --outdir as VARIANT.sSEED.pretrain.params
+(every variant's first seed before any second), each then finetuned and evaluated as a
+--pretrained file is, while the next pretrainings run; --jobs runs several pretrainings
+at once (as processes of their own), which can share one GPU:
+
+    python research/grid.py --pretrain vanilla synthesizer rope perceiver \
+        --pretrain_seeds 0 1 2 3 4 --seeds 0 1 2 --outdir results/seeds --jobs 2
+
 Outputs go to --outdir: MODEL.METHOD.sSEED.params and its .dev/.test.predictions;
 grid.json records each run's settings, the md5 of the params it started from, the code's
 commit and its figures; grid.md holds the table, grid.csv every run. Models whose names
@@ -24,17 +33,22 @@ after an interruption run the same command again; one made with other settings i
 refused before any work.
 """
 
-import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
+import import_paths  # first: src/ and tools/ on sys.path
 
 import machinery.cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN before torch)
 
 import argparse
+import contextlib
 import csv
 import io
 import math
 import os
 import re
+import signal
 import statistics
+import subprocess
+import sys
+import time
 
 import plot
 import records
@@ -67,6 +81,19 @@ def parse_args(argv):
     argp.add_argument('--finetune_corpus_path', default='birth_places_train.tsv')
     argp.add_argument('--eval_corpus_path', default='birth_dev.tsv')
     argp.add_argument('--test_corpus_path', default='birth_test_inputs.tsv')
+    argp.add_argument(
+        '--pretrain', nargs='+', default=[], choices=list(run.VARIANT_EDITION),
+        help="variants to pretrain first, once per --pretrain_seeds, into --outdir",
+    )  # fmt: skip
+    argp.add_argument(
+        '--pretrain_seeds', nargs='+', type=int, default=[0], help="pretraining seeds"
+    )
+    argp.add_argument(
+        '--pretrain_max_epochs', type=run.positive(int), help="cap pretraining at this"
+    )
+    argp.add_argument(
+        '--jobs', type=run.positive(int), default=1, help="pretrainings run at once (default 1)"
+    )
     argp.add_argument('--max_epochs', type=run.positive(int), help="cap finetuning at this")
     argp.add_argument('--finetune_lr', type=run.positive(float), help="default: run.py's")
     argp.add_argument('--lora_alpha', type=run.positive(float), help="default: run.py's")
@@ -125,13 +152,28 @@ def overrides(args):
 
 
 def run_all(args):
-    """Every run whose dev and test predictions are missing; returns the record."""
+    """Every pretraining missing (--pretrain), and every run whose dev and test predictions
+    are missing; returns the record."""
     os.makedirs(args.outdir, exist_ok=True)
     path = os.path.join(args.outdir, 'grid.json')
     record = records.read_record(path)
     save = lambda: records.write_record(path, record)
+    pretrainings = pretraining_runs(args)
+    records.check_made_with([(key, out, made) for key, out, made, _ in pretrainings], record)
     runs = planned_runs(args)
     records.check_made_with([(key, out + '.params', made) for key, out, made, _ in runs], record)
+    finetune_all(args, runs, record, save)
+    with contextlib.closing(pretrain_all(args, pretrainings, record, save)) as written:
+        for params in written:
+            args.pretrained = [params]  # its finetunings, while the next pretrainings run
+            runs = planned_runs(args)
+            records.check_made_with([(k, out + '.params', m) for k, out, m, _ in runs], record)
+            finetune_all(args, runs, record, save)
+    return record
+
+
+def finetune_all(args, runs, record, save):
+    """The planned_runs whose dev and test predictions are missing, one after another."""
     code, machine = records.commit(), devices.describe(args.device)
     for key, out, made_with, (finetune, dev, test) in runs:
         outputs = [out + '.params', out + '.dev.predictions', out + '.test.predictions']
@@ -152,7 +194,89 @@ def run_all(args):
         entry['dev_total'], entry['dev_correct'] = records.run_command(dev)
         records.run_command(test)
         save()
-    return record
+
+
+# The flags each variant's handout passes to its commands (the perceiver's bottleneck).
+VARIANT_FLAGS = {
+    variant: flags for variant, flags in (s['second_variant'] for s in run.EDITIONS.values())
+}
+
+
+def pretraining_runs(args):
+    """[(key, params file, settings to record, run.py argv)] of each --pretrain variant x
+    --pretrain_seeds: the handout's pretrain command with --seed, every variant's first
+    seed before any second (so that a run cut short has each variant's first seeds)."""
+    runs = []
+    for seed in args.pretrain_seeds:
+        for variant in args.pretrain:
+            name = f"{variant}.s{seed}"
+            out = os.path.join(args.outdir, f"{name}.pretrain.params")
+            argv = ['pretrain', variant, args.pretrain_corpus_path, '--seed', str(seed),
+                    *VARIANT_FLAGS.get(variant, []), '--device', args.device,
+                    '--precision', args.precision]  # fmt: skip
+            if args.pretrain_max_epochs:
+                argv += ['--max_epochs', str(args.pretrain_max_epochs)]
+            runs.append((f"{name} pretrain", out, {'model': name, 'pretrain': argv[1:]}, argv))
+    return runs
+
+
+def pretrain_all(args, pretrainings, record, save):
+    """Runs the pretrainings whose params are missing, --jobs at once, each as run.py in
+    a process of its own (its output in PARAMS.log); yields each params file as it is
+    written (those that existed first). A stop (Ctrl-C, SIGTERM) reaches the running ones,
+    which save their resumable state; the same command then resumes them."""
+    code, machine = records.commit(), devices.describe(args.device)
+    waiting, running = [], {}  # running: process -> (key, params file, log, start)
+    for key, out, made_with, argv in pretrainings:
+        if os.path.exists(out):
+            print(f"== {key}: {out} exists, skipped")
+            yield out
+        else:
+            record.setdefault(key, {'made_with': made_with, 'commit': code, 'machine': machine})
+            waiting.append((key, out, argv))
+    save()
+    try:
+        while waiting or running:
+            while waiting and len(running) < args.jobs:
+                key, out, argv = waiting.pop(0)
+                resuming = ['--resume'] if os.path.exists(out + '.resume') else []
+                command = [sys.executable, os.path.join(import_paths.ROOT, 'src', 'run.py'), *argv,
+                           '--writing_params_path', out, *resuming]  # fmt: skip
+                print(f"== {key}: {' '.join(command[1:])}", flush=True)
+                log = open(out.removesuffix('.params') + '.log', 'w', encoding='utf-8')
+                process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+                running[process] = (key, out, log, time.time())
+            done = next((p for p in running if p.poll() is not None), None)
+            if done is None:
+                time.sleep(0.5)
+                continue
+            key, out, log, start = running.pop(done)
+            log.close()
+            if done.returncode != 0:
+                raise files.UserError(
+                    f"{key}: run.py ended with status {done.returncode}; its output is in "
+                    f"{log.name}"
+                )
+            with open(log.name, encoding='utf-8') as f:
+                said = f.read()
+            entry = record[key]
+            entry['pretrain_seconds'] = time.time() - start
+            entry['at_once'] = len(running) + 1
+            loss = re.findall(r'final loss ([\d.]+)', said)
+            entry['final_loss'] = float(loss[-1]) if loss else None
+            save()
+            print(f"== {key}: written in {entry['pretrain_seconds']:.0f} s", flush=True)
+            yield out
+    finally:
+        for process in running:
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)  # it saves its state, then ends
+        for process, (_, _, log, _) in running.items():
+            try:
+                process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            log.close()
 
 
 # --- The report ---------------------------------------------------------------------------
@@ -339,11 +463,13 @@ def main(argv=None):
         args.precision = devices.training_precision(args.precision, device)
         record = (
             run_all(args)
-            if args.pretrained
+            if args.pretrained or args.pretrain
             else records.read_record(os.path.join(args.outdir, 'grid.json'))
         )
         if not finished(record):
-            raise files.UserError(f"{args.outdir}: no finished runs yet (give --pretrained)")
+            raise files.UserError(
+                f"{args.outdir}: no finished runs yet (give --pretrained or --pretrain)"
+            )
         report = table(record)
         files.atomic_write(os.path.join(args.outdir, 'grid.md'), lambda f: f.write(report.encode()))
         rows = rows_csv(record)

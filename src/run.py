@@ -181,16 +181,22 @@ def add_overrides(quick):
         help="continue an interrupted pretrain/finetune from its saved state",
     )
     quick.add_argument(
+        '--eager',
+        action='store_true',
+        help="on CUDA, train as the code is written, each kernel launched from Python, "
+        "instead of replaying each step from a CUDA graph",
+    )
+    quick.add_argument(
         '--compile',
         action='store_true',
-        help="train with torch.compile (CUDA only): fewer, fused kernels for a GPU that "
-        "waits on launches; the results are close to eager's, not identical",
+        help="train with torch.compile (CUDA only): fewer, fused kernels; its results are "
+        "close to eager's, not identical (with bf16 it diverged where measured)",
     )
     quick.add_argument(
         '--cuda_graph',
         action='store_true',
-        help="replay each training step from a CUDA graph (CUDA only, one process): one "
-        "launch a step instead of about a thousand",
+        help="replay each training step from a CUDA graph (CUDA only, one process), as "
+        "CUDA does by default: an error where it cannot",
     )
     quick.add_argument(
         '--save_every',
@@ -379,9 +385,12 @@ def train(args, gpt, train_dataset, config):
         f"{finetune_methods.describe_parameters(gpt, config.finetune_method)}, "
         f"on {device}, {devices.PRECISION_NAMES[config.precision]}"
     )
-    hint = devices.precision_hint(device, args.precision, config.precision)
-    if hint:
-        print(hint)
+    for hint in (
+        devices.precision_hint(device, args.precision, config.precision),
+        devices.compile_hint(config.compile, config.precision),
+    ):
+        if hint:
+            print(hint)
     run = trainer.Trainer(gpt, train_dataset, None, config)
     run.train()
     path = args.writing_params_path
@@ -410,15 +419,17 @@ def phase_name(args):
 def add_settings(config, args, device):
     """This codebase's settings, added to the handout's in config: --max_epochs and
     --batch_size override the handout's, and the rest are off in a plain TrainerConfig
-    (device, precision, resumable state, metrics, TensorBoard, checkpoints)."""
+    (device, precision, compiled and graphed steps, resumable state, metrics,
+    TensorBoard, checkpoints)."""
     for name in ('max_epochs', 'batch_size'):
         if getattr(args, name) is not None:
             setattr(config, name, getattr(args, name))
     path = args.writing_params_path
     config.precision = devices.training_precision(args.precision, device)
     config.device = device
-    config.compile = args.compile
-    config.cuda_graph = args.cuda_graph
+    config.compile, config.cuda_graph = devices.training_paths(
+        device, distributed.PROCESSES, args.eager, args.compile, args.cuda_graph
+    )
     if args.save_every:
         config.ckpt_path = checkpoint_path(path, config.max_epochs)
         config.save_every = args.save_every
@@ -456,7 +467,7 @@ def check_args(args):
     if args.compile:
         devices.check_compile(devices.pick_device(args.device))
     if args.cuda_graph and args.function != 'evaluate':
-        cuda_graphs.check(devices.pick_device(args.device), distributed.PROCESSES, args.compile)
+        cuda_graphs.check(devices.pick_device(args.device), distributed.PROCESSES)
     vocab = checks.check_corpus(args.pretrain_corpus_path, (dataset.PAD_CHAR, dataset.MASK_CHAR))
     if args.function == 'finetune':
         checks.check_tsv(args.finetune_corpus_path, vocab, BLOCK_SIZE, training=True)

@@ -6,8 +6,8 @@ schedule), through GPT.forward. The machinery beside it: packing.py (the loss co
 only the positions that can change it), resume.py (the resumable state: made, written,
 checked and restored; Ctrl-C or SIGTERM), metrics.py (every step's loss and learning
 rate), distributed.py (torchrun: each process's share of the loss), devices.py (where,
-and in what precision), batch_producer.py (on CUDA, the same batches built ahead in
-another process) and cuda_graphs.py (--cuda_graph: the step replayed from CUDA graphs).
+and in what precision), batch_producer.py (on CUDA, batches built ahead by worker
+processes) and cuda_graphs.py (on CUDA, the step compiled and replayed from CUDA graphs).
 """
 
 import functools
@@ -59,9 +59,11 @@ class TrainerConfig:
     save_every_s = 60  # how often (at an epoch's end) the resumable state is refreshed
     log_every = 10  # steps between progress updates; each one waits for the device
     finetune_method = 'full'  # which weights train (finetune_methods.describe): checked on resume
+    # run.py's flags; on CUDA it replays from graphs unless --eager (devices.training_paths)
     compile = False  # torch.compile the model first (CUDA only: devices.compile_model)
     cuda_graph = False  # replay each step from a CUDA graph (cuda_graphs.py)
-    # build the batches ahead in a producer process (batch_producer.py); None: on CUDA
+    # build the batches ahead in worker processes, each from its own seed
+    # (batch_producer.py); None: on CUDA
     batch_producer = None
 
     def __init__(self, **kwargs):
@@ -106,8 +108,12 @@ class Trainer:
         self.steps_run = 0  # steps this run made
         self.final_loss = float('nan')  # the last logged loss
         self.batches = None  # the run's remaining batches, as train() takes them
+        self.batch_seed = None  # the seed of batches built ahead (batch_producer.py)
         # one training step on a CPU batch: its loss (the model updated)
-        self.train_step = cuda_graphs.GraphedStep(self) if config.cuda_graph else self.eager_step
+        self.graphed = cuda_graphs.GraphedStep(self) if config.cuda_graph else None
+        self.train_step = self.eager_step if self.graphed is None else self.graphed
+        if config.compile:  # a model the compiler cannot take trains as written
+            self.train_step = devices.falls_back_uncompiled(self.train_step, model)
 
     def make_optimizer(self):
         config = self.config
@@ -174,23 +180,30 @@ class Trainer:
         finally:
             progress.close()
             self.batches.close()
-            self.batches.adopt_states()
         self.clock()
         self.steps_run = self.epoch * self.steps_per_epoch + self.step - self.steps_before
         self.final_loss = progress.log.last_loss
 
     def remaining_batches(self):
-        """The batches left in the run, in order: built in this process, or on CUDA ahead
-        in a producer process (the same batches), where nothing else draws random numbers
-        between them (no test set)."""
+        """The batches left in the run, in order: built in this process, as the original
+        builds them, or on CUDA ahead by worker processes, each batch from a seed of its
+        own (batch_producer.py; the run's batch seed is kept in the resumable state)."""
         config, device = self.config, self.device
         ahead = config.batch_producer
         if ahead is None:
-            ahead = devices.builds_batches_ahead(device) and self.test_dataset is None
-        where = (self.train_dataset, config.batch_size, self.epoch, self.step, config.max_epochs)
-        if ahead:
-            return batch_producer.BatchProducer(*where, torch_rng=device != 'cpu')
-        return batch_producer.InProcess(self, *where[2:])
+            ahead = devices.builds_batches_ahead(device)
+        if not ahead:
+            return batch_producer.InProcess(self, self.epoch, self.step, config.max_epochs)
+        if self.batch_seed is None:
+            self.batch_seed = batch_producer.batch_seed()
+        return batch_producer.BatchProducer(
+            self.train_dataset,
+            config.batch_size,
+            self.epoch,
+            self.step,
+            config.max_epochs,
+            self.batch_seed,
+        )
 
     def run_epoch(self, epoch, progress):
         """The rest of the epoch: from batch self.step to its end."""
@@ -305,8 +318,5 @@ class Trainer:
         files.atomic_save(params_files.written_params(self.model), path)
 
     def save_state(self):
-        """The resumable state, written to config.resume_path (resume.save), with the
-        random states where the batches taken so far leave them."""
-        if self.batches is not None:
-            self.batches.adopt_states()
+        """The resumable state, written to config.resume_path (resume.save)."""
         resume.save(self)

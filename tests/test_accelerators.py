@@ -153,16 +153,34 @@ def test_interrupted_run_resumes_to_the_same_losses(tmp_path, device):
     )
 
 
+COMPILED_BF16_DIVERGES = pytest.mark.xfail(
+    strict=True,
+    reason="compiled with bf16, the H200 run's loss rose from step 30 and became nan "
+    "(torch 2.11); this passes once that is fixed",
+)
+
+
 @pytest.mark.parametrize('device', DEVICES[:1])
-def test_pretraining_learns_as_on_the_cpu(real_data, tmp_path, device):
-    """53 epochs of the handout's vanilla pretraining (1,219 steps, about 25 s on an H100)
-    in the device's default precision: its mean loss over steps 1,100-1,219 is the
-    published CPU run's within 0.15. On an H100 (torch 2.11, bf16), training through torch's
-    fused attention with its own dropout had a mean 0.65 above it there (and its 650-epoch
-    model answered no dev question); the written-out attention's was 0.05 above."""
+@pytest.mark.parametrize(
+    'flags',
+    [
+        [],
+        ['--compile', '--precision', 'fp32'],
+        pytest.param(['--compile'], marks=COMPILED_BF16_DIVERGES),
+    ],
+    ids=['default', 'compiled-fp32', 'compiled-bf16'],
+)
+def test_pretraining_learns_as_on_the_cpu(real_data, tmp_path, device, flags):
+    """53 epochs of the handout's vanilla pretraining (1,219 steps: 10 s on an H200 with
+    CUDA graphs) in the device's default precision, and compiled: its mean loss over steps
+    1,100-1,219 is the published CPU run's within 0.15. On an H100 (torch 2.11, bf16),
+    training through torch's fused attention with its own dropout had a mean 0.65 above it
+    there (and its 650-epoch model answered no dev question); the written-out attention's
+    was 0.05 above, and the H200's graphed run 0.09."""
     params = tmp_path / 'vanilla.pretrain.params'
     args = ['pretrain', 'vanilla', 'wiki.txt', '--writing_params_path', str(params)]
-    run.main(args + ['--max_epochs', '53', '--device', device])
+    torch._dynamo.reset()
+    run.main(args + ['--max_epochs', '53', '--device', device, *flags])
     reference = ROOT / 'results' / 'vanilla.pretrain.params.metrics.csv'
 
     def late_mean(path):

@@ -1,7 +1,8 @@
-"""batch_producer.py: the batches built ahead in a producer process are the trainer's own,
-bit for bit (every batch of several epochs hashed both ways, from a run's start and from
-the middle of one), and leave the random states where building them here would; a run
-trained on them ends with the same params and random states, interrupted or not."""
+"""batch_producer.py: the batches that worker processes build ahead (CUDA's) are each
+built from a seed of its own, as a direct computation builds them: the same for any
+number of workers and from any point of a run, fixed by the random state the trainer
+starts with, without drawing from it; a run trained on them resumes exactly. The CPU's
+batches stay one stream of draws in the trainer's process."""
 
 import hashlib
 import multiprocessing
@@ -17,8 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 import trainer
-from machinery import batch_producer
-from test_resume import train_to_end
+from machinery import batch_producer, resume
 from test_trainer import tiny_setup
 
 
@@ -40,79 +40,75 @@ def digest(batch):
     return hashlib.sha256(x.numpy().tobytes() + y.numpy().tobytes()).hexdigest()
 
 
-def trainer_of(dataset, batch_size):
-    """A trainer of `dataset` (its model drawn now, before the tests seed the generators)."""
-    config = trainer.TrainerConfig(batch_size=batch_size, device='cpu')
-    return trainer.Trainer(torch.nn.Linear(1, 1), dataset, None, config)
+def seeded_batches(dataset, batch_size, seed, first_epoch, first_step, epochs):
+    """The batches the producer is to build, computed directly: batch k's generators
+    seeded from (seed, k), then its examples in order."""
+    steps = -(-len(dataset) // batch_size)
+    batches = []
+    for epoch in range(first_epoch, epochs):
+        for step in range(first_step if epoch == first_epoch else 0, steps):
+            batch_producer.seed_generators(seed, epoch * steps + step)
+            indices = range(step * batch_size, min((step + 1) * batch_size, len(dataset)))
+            batches.append(batch_producer.stack([dataset[i] for i in indices]))
+    return batches
 
 
-def seed_everything(seed):
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def same_states(a, b):
-    """Whether two batch_producer.random_states() are the same."""
-    return a == b
+def produced(dataset, batch_size, seed, start, epochs, workers):
+    producer = batch_producer.BatchProducer(
+        dataset, batch_size, *start, epochs, seed=seed, workers=workers
+    )
+    got = [digest(b) for b in producer]
+    producer.close()
+    return got
 
 
 @pytest.mark.parametrize('make_dataset', ['span_corruption', 'draws_everywhere'])
 @pytest.mark.parametrize('start', [(0, 0), (1, 3)])  # a run's start; a resumed run's middle
-def test_producer_batches_are_the_trainers_bit_for_bit(make_dataset, start):
+def test_producer_builds_each_batch_from_its_own_seed(make_dataset, start):
     dataset = tiny_setup()[1] if make_dataset == 'span_corruption' else DrawsEverywhere()
-    epochs, batch_size = 4, 8
-    t = trainer_of(dataset, batch_size)
-    seed_everything(5)
-    expected = [digest(b) for b in batch_producer.InProcess(t, *start, epochs)]
-    states_after = batch_producer.random_states()
-    seed_everything(5)
-    before = batch_producer.random_states()
-    producer = batch_producer.BatchProducer(dataset, batch_size, *start, epochs)
-    got = [digest(b) for b in producer]
-    producer.close()
+    epochs, batch_size, seed = 4, 8, 12345
+    expected = [digest(b) for b in seeded_batches(dataset, batch_size, seed, *start, epochs)]
     steps = -(-len(dataset) // batch_size)
-    assert len(got) == len(expected) == (epochs - start[0]) * steps - start[1]
-    assert got == expected
-    # the draws happened in the worker: this process's states move only when adopted
-    assert same_states(batch_producer.random_states(), before)
-    producer.adopt_states()
-    assert same_states(batch_producer.random_states(), states_after)
-    assert not same_states(before, states_after)
+    assert len(expected) == (epochs - start[0]) * steps - start[1]
+    random.seed(5)
+    before = random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state()
+    for workers in (1, 2):
+        assert produced(dataset, batch_size, seed, start, epochs, workers) == expected
+    # nothing was drawn here: the workers draw
+    after = random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state()
+    assert before[:2] == after[:2] and torch.equal(before[2], after[2])
+    assert len(set(expected)) == len(expected)  # every batch its own draws
+    other = produced(dataset, batch_size, seed + 1, start, epochs, 2)
+    assert not set(other) & set(expected)
 
 
-def test_adopted_states_stand_after_the_batches_taken():
-    dataset = tiny_setup()[1]
-    seed_everything(2)
-    producer = batch_producer.BatchProducer(dataset, 8, 0, 0, 3)
-    taken = [next(producer) for _ in range(7)]  # the worker builds more ahead
-    producer.adopt_states()
-    after_seven = batch_producer.random_states()
-    producer.close()
-    t = trainer_of(dataset, 8)
-    seed_everything(2)
-    here = batch_producer.InProcess(t, 0, 0, 3)
-    assert [digest(next(here)) for _ in range(7)] == [digest(b) for b in taken]
-    assert same_states(batch_producer.random_states(), after_seven)
+def test_batch_seed_comes_from_pythons_state_without_drawing():
+    random.seed(7)
+    state = random.getstate()
+    seed = batch_producer.batch_seed()
+    assert random.getstate() == state and 0 <= seed < 2**63
+    assert batch_producer.batch_seed() == seed
+    random.seed(8)
+    assert batch_producer.batch_seed() != seed
 
 
 @pytest.mark.skipif(sys.platform == 'win32', reason="os.kill ends a process on Windows")
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
-def test_the_worker_outlives_ctrl_c_and_sigterm(signum):
-    """They reach the worker too (a terminal's process group, a stopping VM); the trainer
-    decides when to stop, so the worker goes on building until it is closed."""
+def test_the_workers_outlive_ctrl_c_and_sigterm(signum):
+    """They reach the workers too (a terminal's process group, a stopping VM); the
+    trainer decides when to stop, so the workers go on building until they are closed."""
     dataset = tiny_setup()[1]
-    t = trainer_of(dataset, 8)
-    seed_everything(4)
-    expected = [digest(b) for b in batch_producer.InProcess(t, 0, 0, 6)]
-    seed_everything(4)
-    producer = batch_producer.BatchProducer(dataset, 8, 0, 0, 6)
-    got = [digest(next(producer))]
-    (worker,) = multiprocessing.active_children()
-    os.kill(worker.pid, signum)
+    expected = [digest(b) for b in seeded_batches(dataset, 8, 4, 0, 0, 6)]
+    others = set(multiprocessing.active_children())
+    producer = batch_producer.BatchProducer(dataset, 8, 0, 0, 6, seed=4, workers=2)
+    got = [digest(next(producer))]  # at once: the second worker may not have begun
+    workers = [p for p in multiprocessing.active_children() if p not in others]
+    assert len(workers) == 2
+    for worker in workers:
+        os.kill(worker.pid, signum)
     time.sleep(0.2)
     got += [digest(b) for b in producer]
-    assert worker.exitcode in (None, 0)  # still running, or ended as the producer closed
+    assert all(w.exitcode in (None, 0) for w in workers)  # running, or ended as it closed
     producer.close()
     assert got == expected
 
@@ -121,50 +117,107 @@ def test_run_batches_cover_every_remaining_step():
     batches = batch_producer.RunBatches(37, 8, 1, 3, 3)
     listed = list(batches)
     assert len(listed) == len(batches) == 2 + 5
-    assert listed[0] == list(range(24, 32)) and listed[1] == list(range(32, 37))
-    assert listed[2] == list(range(0, 8))
+    assert listed[0] == (5 + 3, list(range(24, 32))) and listed[1] == (9, list(range(32, 37)))
+    assert listed[2] == (10, list(range(0, 8)))
     assert len(batch_producer.RunBatches(37, 8, 3, 0, 3)) == 0
 
 
-def train(**overrides):
+def test_worker_count_leaves_cores_to_the_trainer(monkeypatch):
+    for cores, workers in [(1, 1), (2, 1), (4, 1), (8, 3), (16, 6), (64, 6)]:
+        monkeypatch.setattr(os, 'sched_getaffinity', lambda pid, n=cores: set(range(n)))
+        assert batch_producer.worker_count() == workers
+
+
+def train(interrupt_at=None, path=None, **overrides):
+    """The tiny setup on the producer's batches (CPU dropout on); with interrupt_at=k,
+    stopped during step k and resumed from scrambled random states. Returns the params
+    and the trainer."""
     random.seed(0)
-    gpt, ds, config = tiny_setup(**overrides)
-    trainer.Trainer(gpt, ds, None, config).train()
-    return gpt.state_dict(), batch_producer.random_states()
+    gpt, ds, config = tiny_setup(batch_producer=True, resume_path=path, **overrides)
+    t = trainer.Trainer(gpt, ds, None, config)
+    if interrupt_at is None:
+        t.train()
+        return gpt.state_dict(), t
+    step, calls = t.train_step, []
+
+    def stopping_step(x, y):
+        calls.append(1)
+        if len(calls) == interrupt_at:
+            t.stopper.signal = signal.SIGINT
+        return step(x, y)
+
+    t.train_step = stopping_step
+    with pytest.raises(resume.TrainingInterrupted):
+        t.train()
+    random.seed(99)
+    np.random.seed(99)
+    gpt, ds, config = tiny_setup(batch_producer=True, resume_path=path, resume=True, **overrides)
+    resumed = trainer.Trainer(gpt, ds, None, config)
+    resumed.train()
+    return gpt.state_dict(), resumed
 
 
-@pytest.mark.parametrize('precision', ['fp32', 'bf16'])
-def test_training_on_the_producers_batches_is_the_same(precision):
-    """On the CPU with dropout on (it draws from torch's CPU generator, which the batches'
-    worker leaves alone): the same params, bit for bit, and the same random states."""
-    here, states_here = train(precision=precision, batch_producer=False)
-    ahead, states_ahead = train(precision=precision, batch_producer=True)
-    for k in here:
-        assert torch.equal(here[k], ahead[k]), k
-    assert same_states(states_here, states_ahead)
+def test_training_on_the_producers_batches_is_fixed_by_the_seed():
+    """The run's batch seed comes from the random state training starts with (--seed's):
+    two runs from the same seed end with the same params, bit for bit, and their batches
+    are the direct computation's."""
+    first, t = train()
+    second, _ = train()
+    for k in first:
+        assert torch.equal(first[k], second[k]), k
+    random.seed(0)
+    assert t.batch_seed == batch_producer.batch_seed()
 
 
 @pytest.mark.parametrize('interrupt_at', [3, 8])
-def test_interrupted_run_on_the_producers_batches_resumes_exactly(
-    tmp_path, monkeypatch, interrupt_at
-):
-    """The resumable state's random states are those after the batches trained on, not
-    after those the worker built ahead: the resumed run rebuilds the rest the same."""
-    straight = train_to_end(tmp_path)
-    monkeypatch.setattr(trainer.TrainerConfig, 'batch_producer', True)
-    resumed = train_to_end(tmp_path, interrupt_at)
+def test_interrupted_run_on_the_producers_batches_resumes_exactly(tmp_path, interrupt_at):
+    """The resumable state keeps the run's batch seed: the resumed run builds the batches
+    the straight run built, whatever the random state it starts with."""
+    straight, t = train()
+    path = str(tmp_path / 'state.resume')
+    resumed, r = train(interrupt_at, path)
+    assert r.batch_seed == t.batch_seed
     for k in straight:
         assert torch.equal(straight[k], resumed[k]), k
 
 
-def test_trainer_uses_the_producer_on_cuda_only_without_a_test_set(monkeypatch):
+def test_a_state_saved_without_a_batch_seed_resumes(tmp_path):
+    """States saved before the seed was kept: the seed comes from the restored random
+    state, as it came at the run's start."""
+    path = str(tmp_path / 'state.resume')
+    straight, _ = train()
+    random.seed(0)
+    gpt, ds, config = tiny_setup(batch_producer=True, resume_path=path)
+    t = trainer.Trainer(gpt, ds, None, config)
+    step, calls = t.train_step, []
+
+    def stopping_step(x, y):
+        calls.append(1)
+        if len(calls) == 4:
+            t.stopper.signal = signal.SIGINT
+        return step(x, y)
+
+    t.train_step = stopping_step
+    with pytest.raises(resume.TrainingInterrupted):
+        t.train()
+    state = torch.load(path, weights_only=True)
+    assert isinstance(state.pop('batch_seed'), int)
+    torch.save(state, path)
+    random.seed(99)
+    gpt, ds, config = tiny_setup(batch_producer=True, resume_path=path, resume=True)
+    trainer.Trainer(gpt, ds, None, config).train()
+    for k, v in gpt.state_dict().items():
+        assert torch.equal(v, straight[k]), k
+
+
+def test_trainer_uses_the_producer_on_cuda(monkeypatch):
     gpt, ds, config = tiny_setup()
     t = trainer.Trainer(gpt, ds, None, config)
     assert isinstance(t.remaining_batches(), batch_producer.InProcess)
     made = []
-    monkeypatch.setattr(batch_producer, 'BatchProducer', lambda *a, **k: made.append(k))
+    monkeypatch.setattr(batch_producer, 'BatchProducer', lambda *a, **k: made.append(a))
     t.device = 'cuda'  # what is chosen, not run
+    t.test_dataset = ds  # a test set draws in this process, not from the batches' seeds
+    random.seed(3)
     t.remaining_batches()
-    assert made == [{'torch_rng': True}]
-    t.test_dataset = ds  # whose batches would draw between the producer's
-    assert isinstance(t.remaining_batches(), batch_producer.InProcess)
+    assert made == [(ds, 8, 0, 0, 3, batch_producer.batch_seed())]

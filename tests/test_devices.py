@@ -230,6 +230,57 @@ def test_compile_is_for_cuda_only(tiny, capsys):
 
 
 @pytest.mark.parametrize(
+    'device, processes, flags, expected',
+    [
+        ('cuda', 1, {}, (False, True)),  # the handout's commands: graphs
+        ('cuda', 2, {}, (False, False)),  # torchrun: DDP is not captured
+        ('cuda', 1, {'eager': True}, (False, False)),
+        ('cuda', 1, {'compile': True}, (True, True)),
+        ('cuda', 2, {'compile': True}, (True, False)),
+        ('cpu', 1, {}, (False, False)),
+        ('mps', 1, {}, (False, False)),
+        ('cpu', 1, {'cuda_graph': True}, (False, True)),  # refused before this
+    ],
+)
+def test_training_paths_graph_one_process_on_cuda(device, processes, flags, expected):
+    assert devices.training_paths(device, processes, **flags) == expected
+
+
+def test_compile_in_bf16_gets_a_note():
+    assert 'diverged' in devices.compile_hint(True, 'bf16')
+    assert devices.compile_hint(True, 'fp32') is None
+    assert devices.compile_hint(False, 'bf16') is None
+
+
+def test_eager_turns_off_what_compile_and_cuda_graph_ask(tiny, capsys):
+    for flag in ('--compile', '--cuda_graph'):
+        args = ('--writing_params_path', 'x.params', '--eager', flag)
+        assert main('pretrain', 'vanilla', 'wiki.txt', *args, cwd=tiny) == 2
+        assert capsys.readouterr().err == f"error: --eager: leave out {flag}, which it turns off\n"
+
+
+def test_run_trains_graphed_on_cuda_by_default(tiny, monkeypatch, capsys):
+    """The handout's command as printed, on a simulated GPU: the settings run.py hands the
+    Trainer (the Trainer itself stubbed: nothing runs on the CPU as if it were a GPU)."""
+    made = []
+
+    class Recorded:
+        def __init__(self, model, train_dataset, test_dataset, config):
+            made.append((config.compile, config.cuda_graph))
+            raise SystemExit(0)
+
+    monkeypatch.setattr(trainer, 'Trainer', Recorded)
+    monkeypatch.setattr(devices, 'pick_device', lambda requested='auto': 'cuda')
+    monkeypatch.setattr(devices, 'training_precision', lambda choice, device: 'bf16')
+    for flags, expected in [((), (False, True)), (('--eager',), (False, False)),
+                            (('--compile',), (True, True))]:  # fmt: skip
+        args = ('--writing_params_path', 'x.params', *flags)
+        assert main('pretrain', 'vanilla', 'wiki.txt', *args, cwd=tiny) == 0
+        assert made.pop() == expected
+        assert ('--compile with bf16 diverged' in capsys.readouterr().out) == ('--compile' in flags)
+
+
+@pytest.mark.parametrize(
     'variant, method', [(variant, 'full') for variant in VARIANTS] + [('vanilla', 'lora')]
 )
 @pytest.mark.slow

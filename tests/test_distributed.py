@@ -59,7 +59,8 @@ def setup(folder, method='full', **overrides):
 def interrupted_run(rank, world_size, folder, method, producer=False):
     """A stop signal reaches process 0 alone during step 2; every process must stop after
     the same step, and the run is then resumed in fresh models. producer: each process
-    takes its batches from a producer process of its own (batch_producer.py), as on CUDA."""
+    takes its batches from producer processes of its own (batch_producer.py), as on CUDA,
+    the same batches in every process."""
     dist.init_process_group(
         'gloo', init_method=f'file://{folder}/store', rank=rank, world_size=world_size
     )
@@ -103,7 +104,7 @@ def test_two_processes_compute_what_one_computes(tmp_path, method, producer):
     single, ddp = tmp_path / 'single', tmp_path / 'ddp'
     single.mkdir(), ddp.mkdir()
     random.seed(0)
-    gpt, ds, config = setup(single, method)
+    gpt, ds, config = setup(single, method, batch_producer=producer)
     trainer.Trainer(gpt, ds, None, config).train()
     expected = gpt.state_dict()
 

@@ -79,7 +79,7 @@ USER_ERRORS = [
      r'evaluate needs --reading_params_path'),
     ('tools/reproduce.py', ['--outdir', 'out'], {'out/results.json': '{'},
      r'out/results.json: not JSON; move it away to start afresh'),
-    ('research/grid.py', ['--outdir', 'empty'], {}, r'empty: no finished runs yet \(give --pretrained\)'),
+    ('research/grid.py', ['--outdir', 'empty'], {}, r'empty: no finished runs yet \(give --pretrained or --pretrain\)'),
     ('research/analyze.py', ['missing.predictions', '--eval_corpus_path', 'dev.tsv'], {},
      r'missing.predictions: cannot read: .*'),
     ('tools/bench.py', ['--params', 'missing.params'], {},

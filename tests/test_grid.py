@@ -178,3 +178,60 @@ def test_pretraining_seeds_are_set_beside_finetuning_seeds():
     assert grid.between_within({'a': [0, 20], 'b': [1, 21]})[2] == 0
     assert grid.between_within({'a': [10], 'b': [0]}) == (pytest.approx(math.sqrt(50)), None, None)
     assert grid.rows_csv(record).splitlines()[1] == 'p,full,0,,,5,50,10.0,0.0,'
+
+
+PRETRAIN = ['--pretrain', 'vanilla', 'synthesizer', '--pretrain_seeds', '0', '1', '--seeds', '0',
+            '--pretrain_max_epochs', '30', '--max_epochs', '1', '--pretrain_corpus_path',
+            'wiki.txt', '--finetune_corpus_path', 'train.tsv', '--eval_corpus_path', 'dev.tsv',
+            '--test_corpus_path', 'test.tsv', '--outdir', 'p', '--device', 'cpu', '--jobs', '2']  # fmt: skip
+
+
+@pytest.mark.slow
+def test_pretraining_seeds_run_at_once_stop_and_go_on(tiny, monkeypatch, capsys):
+    """Two variants x two pretraining seeds, two pretrainings at once: stopped (as by
+    Ctrl-C) after the first pretraining's finetuning, the running pretrainings keep their
+    state; the same command then resumes them, skips what exists, and reports each
+    pretraining seed as a model of its recipe."""
+    monkeypatch.chdir(tiny)
+    finetune_all, calls = grid.finetune_all, []
+
+    def stopping_finetune_all(*args):
+        calls.append(1)
+        if len(calls) == 3:  # the first two pretrainings' finetunings (and the first call)
+            raise KeyboardInterrupt
+        return finetune_all(*args)
+
+    monkeypatch.setattr(grid, 'finetune_all', stopping_finetune_all)
+    with pytest.raises(SystemExit) as stopped:
+        grid.main(PRETRAIN)
+    assert stopped.value.code == 130
+    assert 'To continue: python research/grid.py --pretrain' in capsys.readouterr().err
+    order = [f'{v}.s{s}' for s in (0, 1) for v in ('vanilla', 'synthesizer')]
+    # the first two ran at once; the one written first was finetuned, the last not begun
+    first = [n for n in order if (tiny / 'p' / f'{n}.full.s0.dev.predictions').exists()]
+    assert len(first) == 1 and first[0] in order[:2]
+    assert not (tiny / 'p' / f'{order[-1]}.pretrain.params').exists()
+
+    monkeypatch.setattr(grid, 'finetune_all', finetune_all)
+    grid.main(PRETRAIN)
+    out = capsys.readouterr().out
+    assert f'{first[0]} pretrain: p/{first[0]}.pretrain.params exists, skipped' in out
+    record = json.loads((tiny / 'p' / 'grid.json').read_text())
+    for name in order:
+        entry = record[f'{name} pretrain']
+        assert entry['made_with']['pretrain'][:5] == [name.split('.')[0], 'wiki.txt', '--seed',
+                                                      name[-1], '--device']  # fmt: skip
+        assert entry['pretrain_seconds'] > 0 and entry['final_loss'] > 0
+        assert record[f'{name} full s0']['dev_total'] == 4
+        assert (tiny / 'p' / f'{name}.pretrain.params.metrics.csv').exists()
+    table = (tiny / 'p' / 'grid.md').read_text()
+    assert re.search(r'^\| vanilla \| full \| 2 \| 2 \|', table, re.M)
+    assert re.search(r'^\| synthesizer \| full \| 2 \| 2 \|', table, re.M)
+
+    # the same outputs wanted with other pretraining settings: refused before any work
+    with pytest.raises(SystemExit) as stopped:
+        grid.main([*PRETRAIN[:9], '31', *PRETRAIN[10:]])
+    assert stopped.value.code == 2
+    assert 'p/vanilla.s0.pretrain.params was made with other settings: --max_epochs 30 ' in (
+        capsys.readouterr().err
+    )

@@ -2,7 +2,7 @@
 
     python tools/bench.py [--steps 5] [--questions 20] [--params vanilla.finetune.params]
                         [--variant vanilla|synthesizer|perceiver|rope] [--bottleneck_dim 32]
-                        [--device cuda] [--precision fp16] [--compile | --cuda_graph]
+                        [--device cuda] [--precision fp16] [--paths eager compiled+graphed]
 
 Where --variant and --bottleneck_dim are left out, the variant and the perceiver's
 bottleneck are the params file's (without --params: vanilla and 32).
@@ -13,9 +13,12 @@ then forward, backward, clipping, AdamW), with the same model and batch for both
          positions, torch's dropout (the original minGPT code path)
   ours   the Trainer's step: GPT.forward with packing (only positions that can affect the loss),
          dropout.Dropout, and the precision run.py picks (--precision auto); on a GPU
-         the whole padded batch, compiled with --compile, replayed from CUDA graphs with
-         --cuda_graph; on CUDA the batches are built ahead in another process, so a step
-         there waits for the longer of the two, not for both
+         the whole padded batch, run each of the ways --paths names: eager, graphed
+         (replayed from a CUDA graph), compiled (torch.compile), compiled+graphed (what
+         run.py's pretraining does on CUDA); on CUDA all but compiled by default. There the
+         batches are built ahead by worker processes, so a step waits for the longer of
+         the two, not for both; each path's start (compiling, capturing) is timed apart,
+         and a graph's replay alone
 evaluate: time per birth_dev.tsv question, greedy-decoding 32 characters
   plain  one question at a time, re-running the whole prefix for every character
   ours   decoding.greedy_complete: questions batched by length, each step feeding only the
@@ -89,9 +92,7 @@ def decoding_model(args, corpus):
 def time_steps(steps, n, device):
     """Median seconds of each of the given functions, run in turn n times after a warm-up:
     interleaving them spreads a shared machine's slow spells over all of them."""
-    synchronize = {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(
-        device, lambda: None
-    )
+    synchronize = synchronizer(device)
     for step in steps:
         step()
     times = [[] for _ in steps]
@@ -114,53 +115,75 @@ def matmul_peak(dtype, device):
     return 2 * n**3 / seconds
 
 
-def bench_pretraining(
-    corpus, steps_per_path, variant, bottleneck_dim, precision, device, compile, cuda_graph=False
-):
+# our step's ways of running on a GPU: (compiled, replayed from CUDA graphs)
+PATHS = {
+    'eager': (False, False),
+    'graphed': (False, True),
+    'compiled': (True, False),
+    'compiled+graphed': (True, True),
+}
+
+
+def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision, device, paths):
     """Median seconds of building a batch (the trainer's, span corruption of 128 documents
-    on the CPU, the same in both paths) and of each path's step on the same batch; and the
-    positions of each of its rows that our step computes."""
+    on the CPU, the same in every path) and of each path's step on the same batch: plain,
+    then ours run each of the ways in `paths`. Also the seconds each of ours took to
+    start (its first steps: compiling, capturing), each graph's replay alone, and the
+    positions of each row that our step computes."""
     random.seed(0)
     x, y = zip(*[corpus[i] for i in range(128)])
     x, y = torch.stack(x), torch.stack(y)  # (128, 127), on the CPU as the trainer builds them
-    steps, built = [], itertools.count()
-    for plain in (True, False):
+    synchronize = synchronizer(device)
+    steps, starts, replays, built = [], {}, {}, itertools.count()
+    for path in ['plain', *paths]:
+        compile, graphed = PATHS.get(path, (False, False))
         gpt = make_model(corpus.vocab_size, variant, bottleneck_dim)
         config = trainer.TrainerConfig(
             batch_size=128,
             learning_rate=6e-3,
             device=device,
-            precision='fp32' if plain else precision,
-            compile=compile and not plain,
-            cuda_graph=cuda_graph and not plain,
+            precision='fp32' if path == 'plain' else precision,
+            compile=compile,
+            cuda_graph=graphed,
         )
         t = trainer.Trainer(gpt, corpus, None, config)
-        if plain:
+        if path == 'plain':
             torch_dropout(gpt)
 
-        def step(gpt=gpt, t=t, plain=plain):
+        def step(gpt=gpt, t=t, plain=path == 'plain'):
             if plain:
                 loss = gpt(*t.to_device(x, y))[1]
                 t.update(loss)
             else:
                 t.train_step(x, y)  # the trainer's: packing on the CPU, autocast, graphs
 
+        start = time.perf_counter()
+        for _ in range(cuda_graphs.WARMUP + 2 if graphed else 1):
+            step()  # compiles, and a graphed step's eager steps, capture and first replay
+        synchronize()
+        starts[path] = time.perf_counter() - start
         steps.append(step)
-        for _ in range(cuda_graphs.WARMUP if cuda_graph and not plain else 0):
-            step()  # the graph's eager steps; time_steps' warm-up then captures it
+        if graphed and t.graphed.captured:
+            (captured,) = t.graphed.captured.values()
+            if captured.graph is not None:
+                replays[path] = time_steps([captured.graph.replay], steps_per_path, device)[0]
     steps.insert(0, lambda t=t: t.batch(corpus, next(built) % t.steps_per_epoch))  # ours
-    names = ('batch', 'plain', 'ours')
+    names = ['batch', 'plain', *paths]
     results = dict(zip(names, time_steps(steps, steps_per_path, device)))
     # positions our step computes, per row: the CPU packs, a GPU computes the padded batch
     rows = packing.target_lengths(y) if devices.packs_batches(device) else [y.size(1)] * len(y)
-    return results, [int(n) for n in rows]
+    return results, starts, replays, [int(n) for n in rows]
 
 
-def producer_seconds(corpus, epochs=2):
-    """Seconds between the batches of 128 that the producer process (batch_producer.py)
-    hands over, over `epochs` epochs after its first."""
-    random.seed(0)
-    producer = batch_producer.BatchProducer(corpus, 128, 0, 0, epochs)
+def synchronizer(device):
+    """A function that waits for the device's work to end."""
+    return {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(device, lambda: None)
+
+
+def producer_seconds(corpus, workers, epochs=2):
+    """Seconds between the batches of 128 that batch_producer.BatchProducer's `workers`
+    processes hand over, over `epochs` epochs after its first batch."""
+    producer = batch_producer.BatchProducer(corpus, 128, 0, 0, epochs, seed=0, workers=workers)
     next(producer)
     start = time.perf_counter()
     n = sum(1 for _ in producer)
@@ -221,64 +244,64 @@ def parse_args(argv):
     )
     devices.add_arguments(argp)
     argp.add_argument(
-        '--compile', action='store_true', help="compile our step (run.py's --compile; CUDA only)"
-    )
-    argp.add_argument(
-        '--cuda_graph',
-        action='store_true',
-        help="replay our step from CUDA graphs (run.py's --cuda_graph; CUDA only)",
+        '--paths',
+        nargs='+',
+        choices=list(PATHS),
+        help="the ways our step runs (CUDA only but eager; default: on CUDA eager, graphed "
+        "and compiled+graphed, elsewhere eager)",
     )
     return argp.parse_args(argv)
 
 
 def report_pretraining(args, corpus, precision, device):
-    times, rows = bench_pretraining(
-        corpus,
-        args.steps,
-        args.variant,
-        args.bottleneck_dim,
-        precision,
-        device,
-        args.compile,
-        args.cuda_graph,
+    times, starts, replays, rows = bench_pretraining(
+        corpus, args.steps, args.variant, args.bottleneck_dim, precision, device, args.paths
     )
     # what a user waits for: each step builds its batch first, on the CPU; ours on CUDA
-    # takes batches that a producer process builds meanwhile
+    # takes batches that producer processes build meanwhile
     batch = times['batch']
-    plain = times['plain'] + batch
-    ours = times['ours'] + batch
     positions = 128 * (run.BLOCK_SIZE - 1)
     print(
         f"pretraining step (batch 128 x 127 positions; ours computes {sum(rows)} of {positions};"
         f" each path's time includes building the batch, {batch * 1000:.1f} ms):"
     )
+    ahead = None
     if devices.builds_batches_ahead(device):
-        ahead = producer_seconds(corpus)
-        ours = max(times['ours'], ahead)
+        workers = batch_producer.worker_count()
+        ahead = producer_seconds(corpus, workers)
+        alone = producer_seconds(corpus, 1) if workers > 1 else ahead
         print(
-            f"  ours takes its batches from a producer process, which hands one over every "
-            f"{ahead * 1000:.1f} ms; its step waits for the longer of that and its own work, "
-            f"{times['ours'] * 1000:.1f} ms"
+            f"  ours takes its batches from {workers} producer processes, which hand one over "
+            f"every {ahead * 1000:.2f} ms (one process alone: every {alone * 1000:.2f} ms); "
+            f"its step waits for the longer of that and its own work"
         )
-    print(f"  plain: {plain * 1000:8.1f} ms/step  {positions / plain:9,.0f} tokens/s")
-    print(
-        f"  ours:  {ours * 1000:8.1f} ms/step  {positions / ours:9,.0f} tokens/s   "
-        f"{plain / ours:.1f}x faster"
-    )
+    plain = times['plain'] + batch
+    print(f"  plain: {plain * 1000:8.2f} ms/step  {positions / plain:9,.0f} tokens/s")
+    for path in args.paths:
+        ours = max(times[path], ahead) if ahead else times[path] + batch
+        replay = (
+            f"; the graph's replay alone {replays[path] * 1000:.2f} ms" if path in replays else ""
+        )
+        print(
+            f"  ours, {path}: {ours * 1000:8.2f} ms/step  {positions / ours:9,.0f} tokens/s   "
+            f"{plain / ours:.1f}x faster (its own work {times[path] * 1000:.2f} ms; first "
+            f"steps {starts[path]:.1f} s{replay})"
+        )
+    best = min(args.paths, key=lambda path: times[path])
+    ours = max(times[best], ahead) if ahead else times[best] + batch
     steps_650 = 650 * math.ceil(len(corpus) / 128)
     print(
         f"  650-epoch pretraining ({steps_650} steps): plain {duration(steps_650 * plain)}, "
-        f"ours {duration(steps_650 * ours)}"
+        f"ours {best} {duration(steps_650 * ours)} and its first steps"
     )
     if args.variant in ('vanilla', 'rope'):
         flops = model_flops(sum(rows), rows)
         dtype = devices.autocast_dtype(precision) or torch.float32
         peak = matmul_peak(dtype, device)
-        ours = times['ours']  # the model's work, without the batch's building
         print(
-            f"  model FLOP/s (ours, batch building left out): {flops / ours / 1e9:.0f} GFLOP/s = "
-            f"{flops / ours / peak:.0%} of this machine's {precision} matmul peak "
-            f"({peak / 1e9:.0f} GFLOP/s)"
+            f"  model FLOP/s (ours, {best}, batch building left out): "
+            f"{flops / times[best] / 1e9:.0f} GFLOP/s = {flops / times[best] / peak:.0%} of "
+            f"this machine's {precision} matmul peak ({peak / 1e9:.0f} GFLOP/s)"
         )
 
 
@@ -287,18 +310,20 @@ def main(argv=None):
     try:
         device = devices.pick_device(args.device)
         precision = devices.training_precision(args.precision, device)
-        if args.compile:
-            devices.check_compile(device)
-        if args.cuda_graph:
-            cuda_graphs.check(device, 1, args.compile)
+        if args.paths is None:
+            args.paths = ['eager', 'graphed', 'compiled+graphed'] if device == 'cuda' else ['eager']
+        gpu_only = [path for path in args.paths if path != 'eager']
+        if gpu_only and device != 'cuda':
+            raise files.UserError(
+                f"--paths {' '.join(gpu_only)}: for CUDA GPUs only, and this runs on the {device}"
+            )
         corpus = dataset.CharCorruptionDataset(files.read_text('wiki.txt'), run.BLOCK_SIZE)
         decoder = decoding_model(args, corpus)
     except files.UserError as e:
         sys.exit(files.report(e))
     print(
         f"machine: {devices.describe(device)} ({torch.get_num_threads()} threads); "
-        f"variant {args.variant}; our precision {precision}{', compiled' if args.compile else ''}"
-        f"{', CUDA graphs' if args.cuda_graph else ''}"
+        f"variant {args.variant}; our precision {precision}"
     )
     report_pretraining(args, corpus, precision, device)
     plain, ours, n = bench_evaluate(corpus, decoder, args.questions, device)

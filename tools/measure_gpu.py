@@ -1,22 +1,28 @@
-"""What a GPU does with this code, measured in one go and printed as a table for README
-(docs/gpus-and-macs.md): the GPU tests, bench.py's step against the plain path in the
-same run (eager and replayed from CUDA graphs), the handout's whole vanilla pretraining
-timed, then its finetuning, and the dev accuracy.
+"""What a GPU does with this code, measured in one go and printed as a table for
+docs/gpus-and-macs.md: bench.py's step against the plain path in the same run (eager,
+graphed, compiled and graphed), each graph's replay alone and the producer's rate; the
+handout's whole vanilla pretraining timed as a student runs it (the command as printed),
+its loss against the CPU reference run's, then its finetuning and the dev accuracy; the
+GPU tests; and the other variants' steps.
 
-    python tools/measure_gpu.py --out gpu_run                    # an H100: about 5 minutes
+    python tools/measure_gpu.py --out gpu_run                    # an H100 or H200: 5 minutes
     python tools/measure_gpu.py --out gpu_run --precision fp16   # a T4 (Colab)
 
 Every command runs as printed (`python src/run.py ...`, each in its own process), its
-output kept in --out beside the params, metrics and predictions; the table is printed at
-the end and written to --out/table.md. --max_epochs shortens the pretraining (a first
-try; with --finetune_max_epochs and --device cpu, without graphs, the suite runs it).
+output kept in --out beside the params and predictions; the table is written to
+--out/table.md after each row, and printed at the end. --budget stops the run in time:
+each command gets what is left of it, and a command cut off is a row that says so.
+--max_epochs shortens the pretraining (a first try; with --finetune_max_epochs,
+--device cpu and --skip_tests the suite runs it on the CPU).
 """
 
 import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
 
 import argparse
+import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -24,28 +30,62 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+REFERENCE_METRICS = ROOT / 'results' / 'vanilla.pretrain.params.metrics.csv'
 
 
-def run(command, out, name, timeout=None):
-    """command (a list) run from the repository's root, its output shown and kept in
-    out/name.log; returns (the output, the seconds it took)."""
-    print(f"$ {shlex.join(command)}", flush=True)
-    start = time.perf_counter()
-    result = subprocess.run(
-        command,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-    )
-    seconds = time.perf_counter() - start
-    (out / f'{name}.log').write_text(result.stdout, encoding='utf-8')
-    tail = '\n'.join(line.split('\r')[-1] for line in result.stdout.splitlines()[-8:])
-    print(tail, flush=True)
-    if result.returncode:
-        print(f"(exit status {result.returncode} after {seconds:.0f} s)", flush=True)
-    return result.stdout, seconds, result.returncode
+class Measurement:
+    """The table's rows, written to out/table.md as they come, and the time left."""
+
+    def __init__(self, out, budget):
+        self.out, self.rows = out, []
+        self.deadline = time.perf_counter() + budget if budget else None
+
+    def add(self, what, figure):
+        self.rows.append((what, figure))
+        (self.out / 'table.md').write_text(self.table(), encoding='utf-8')
+
+    def table(self):
+        return '| measured | |\n|---|---|\n' + ''.join(f'| {a} | {b} |\n' for a, b in self.rows)
+
+    def left(self):
+        return None if self.deadline is None else self.deadline - time.perf_counter()
+
+    def run(self, command, name):
+        """command (a list) run from the repository's root, its output shown and kept in
+        out/name.log; returns (the output, the seconds it took, whether it ended in time
+        with status 0)."""
+        left = self.left()
+        if left is not None and left < 5:
+            print(f"(no time left for: {shlex.join(command)})", flush=True)
+            return '', 0.0, False
+        print(f"$ {shlex.join(command)}", flush=True)
+        start = time.perf_counter()
+        # its own process group, so that a command cut off ends with its children
+        process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=sys.platform != 'win32',
+        )
+        try:
+            text, _ = process.communicate(timeout=left)
+            status = process.returncode
+        except subprocess.TimeoutExpired:
+            if sys.platform == 'win32':
+                process.kill()
+            else:
+                os.killpg(process.pid, signal.SIGKILL)
+            text, _ = process.communicate()
+            status = 'cut off by --budget'
+        seconds = time.perf_counter() - start
+        (self.out / f'{name}.log').write_text(text, encoding='utf-8')
+        tail = '\n'.join(line.split('\r')[-1] for line in text.splitlines()[-8:])
+        print(tail, flush=True)
+        if status:
+            print(f"({status} after {seconds:.0f} s)", flush=True)
+        return text, seconds, status == 0
 
 
 def found(pattern, text, default='-'):
@@ -54,50 +94,71 @@ def found(pattern, text, default='-'):
 
 
 def phase_command(args, function, *more):
-    """run.py's command for one phase of the handout's vanilla runs, with this run's
-    device, precision and (on CUDA) graphs."""
+    """run.py's command for one phase of the handout's vanilla runs, as printed, with
+    this run's device and precision where they were given."""
     command = [PYTHON, 'src/run.py', function, 'vanilla', 'wiki.txt', *more]
-    if function != 'evaluate':
-        command += ['--device', args.device, '--precision', args.precision]
-        if args.device == 'cuda':
-            command.append('--cuda_graph')
+    if args.device:
+        command += ['--device', args.device]
+    if args.precision and function != 'evaluate':
+        command += ['--precision', args.precision]
     return command
+
+
+def late_mean_loss(path, first, last):
+    """The mean loss of steps first..last of a metrics CSV (None if it has none)."""
+    rows = [line.split(',') for line in Path(path).read_text().splitlines()[1:]]
+    losses = [float(r[2]) for r in rows if first <= int(r[1]) <= last]
+    return sum(losses) / len(losses) if losses else None
+
+
+def bench(m, args, variant, paths, steps):
+    command = [PYTHON, 'tools/bench.py', '--steps', str(steps), '--questions', '5']
+    command += ['--variant', variant, '--paths', *paths]
+    command += ['--device', args.device or 'cuda']
+    command += ['--precision', args.precision] if args.precision else []
+    text, _, _ = m.run(command, f'bench_{variant}')
+    return text
 
 
 def measure(args):
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    rows = []  # (what, figure)
-    if not args.skip_tests:
-        tests = ['tests/test_accelerators.py', 'tests/test_cuda_graphs.py']
-        text, seconds, _ = run(
-            [PYTHON, '-m', 'pytest', '-q', '-m', 'slow or not slow', *tests], out, 'tests'
-        )
-        summary = found(r'(\d+ (?:passed|failed)[^\n]*) in ', text)
-        rows.append(('GPU tests (test_accelerators, test_cuda_graphs)', summary))
-    for graphs in [False, True] if args.device == 'cuda' else [False]:
-        bench = [PYTHON, 'tools/bench.py', '--steps', str(args.bench_steps), '--questions', '5']
-        bench += ['--device', args.device, '--precision', args.precision]
-        bench += ['--cuda_graph'] if graphs else []
-        name = 'bench_graphs' if graphs else 'bench'
-        text, _, _ = run(bench, out, name)
-        label = 'replayed from CUDA graphs' if graphs else 'eager'
-        if not graphs:
-            rows.append(('machine', found(r'machine: ([^\n]*)', text)))
-            rows.append(
-                ('plain step (fp32, handout path)', found(r'plain: +([\d.]+ ms)/step', text))
-            )
-        ours = found(r'ours: +([\d.]+ ms/step.*x faster)', text)
-        rows.append((f'our step, {label} (bench.py, same run)', re.sub(r'\s+', ' ', ours)))
+    m = Measurement(out, args.budget)
+    gpu = (args.device or 'cuda') == 'cuda'
+    paths = ['eager', 'graphed', 'compiled+graphed'] if gpu else ['eager']
+
+    text = bench(m, args, 'vanilla', paths, args.bench_steps)
+    m.add('machine', found(r'machine: ([^\n]*)', text))
+    m.add('plain step (fp32, the handout path; bench.py)', found(r'plain: +([\d.]+ ms)/step', text))
+    for path in paths:
+        line = found(rf'ours, {re.escape(path)}: +([^\n]*)', text)
+        m.add(f'our step, {path} (bench.py, same run)', re.sub(r'\s+', ' ', line))
+    if gpu:
+        producer = r'from (\d+ producer processes, which hand one over every [^;]*)'
+        m.add('producer', found(producer, text))
+
     pretrain = out / 'vanilla.pretrain.params'
     more = ['--max_epochs', str(args.max_epochs)] if args.max_epochs else []
     command = phase_command(args, 'pretrain', '--writing_params_path', str(pretrain), *more)
-    text, seconds, _ = run(command, out, 'pretrain')
-    done = found(r'pretrain done: (\d+ steps in \S+ \([\d,]+ tokens/s\))', text)
-    rows.append(('pretrain (wall clock, the process whole)', f"{seconds:.0f} s"))
-    rows.append(('pretrain (training loop)', done))
-    rows.append(('pretrain final loss', found(r'final loss ([\d.]+)', text)))
+    text, seconds, ok = m.run(command, 'pretrain')
+    m.add('pretrain, the whole process (wall clock)', f"{seconds:.0f} s")
+    m.add(
+        'pretrain, training loop',
+        found(r'pretrain done: (\d+ steps in \S+ \([\d,]+ tokens/s\))', text),
+    )
+    m.add('pretrain final loss', found(r'final loss ([\d.]+)', text))
+    metrics = Path(f'{pretrain}.metrics.csv')
+    if ok and not args.max_epochs and metrics.exists():
+        here, there = (late_mean_loss(p, 14000, 14950) for p in (metrics, REFERENCE_METRICS))
+        m.add(
+            'pretrain mean loss, steps 14,000-14,950',
+            f"{here:.4f} (the CPU reference run's: {there:.4f})",
+        )
+    notes = sorted(set(re.findall(r'^note: [^\n]*', text, re.M)))
+    m.add('pretrain notes', '; '.join(notes) or 'none')
+
     finetuned = out / 'vanilla.finetune.params'
+    epochs = ['--max_epochs', str(args.finetune_max_epochs)] if args.finetune_max_epochs else []
     command = phase_command(
         args,
         'finetune',
@@ -107,10 +168,10 @@ def measure(args):
         str(finetuned),
         '--finetune_corpus_path',
         'birth_places_train.tsv',
-        *(['--max_epochs', str(args.finetune_max_epochs)] if args.finetune_max_epochs else []),
+        *epochs,
     )
-    text, seconds, _ = run(command, out, 'finetune')
-    rows.append(('finetune (wall clock)', f"{seconds:.0f} s"))
+    text, seconds, _ = m.run(command, 'finetune')
+    m.add('finetune (wall clock)', f"{seconds:.0f} s")
     command = phase_command(
         args,
         'evaluate',
@@ -121,24 +182,45 @@ def measure(args):
         '--outputs_path',
         str(out / 'vanilla.pretrain.dev.predictions'),
     )
-    text, seconds, _ = run(command, out, 'evaluate')
-    rows.append(('evaluate dev (wall clock)', f"{seconds:.0f} s"))
-    rows.append(('dev accuracy', found(r'Correct: ([^\n]*)', text)))
-    table = '| measured | |\n|---|---|\n' + ''.join(f'| {a} | {b} |\n' for a, b in rows)
-    (out / 'table.md').write_text(table, encoding='utf-8')
-    print('\n' + table)
-    return table
+    text, seconds, _ = m.run(command, 'evaluate')
+    m.add('evaluate dev (wall clock)', f"{seconds:.0f} s")
+    m.add('dev accuracy', found(r'Correct: ([^\n]*)', text))
+
+    if not args.skip_tests:
+        tests = ['tests/test_cuda_graphs.py', 'tests/test_accelerators.py']
+        text, seconds, _ = m.run(
+            [
+                PYTHON,
+                '-m',
+                'pytest',
+                '-q',
+                '-p',
+                'no:cacheprovider',
+                '-m',
+                'slow or not slow',
+                *tests,
+            ],
+            'tests',
+        )
+        summary = found(r'(\d+ (?:passed|failed)[^\n]*) in ', text)
+        m.add('GPU tests (test_cuda_graphs, test_accelerators)', summary)
+    for variant in args.variants:
+        text = bench(m, args, variant, paths[-1:], args.bench_steps)
+        line = re.sub(r'\s+', ' ', found(rf'ours, {re.escape(paths[-1])}: +([^\n]*)', text))
+        plain = found(r'plain: +([\d.]+ ms)/step', text)
+        m.add(f'{variant}: our step, {paths[-1]}', f"{line}; plain {plain}")
+    print('\n' + m.table())
+    return m.table()
 
 
 def parse_args(argv):
     argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     argp.add_argument('--out', required=True, help="folder for the logs, params and table")
-    argp.add_argument('--device', default='cuda', choices=['cuda', 'cpu', 'mps'])
+    argp.add_argument('--device', choices=['cuda', 'cpu', 'mps'], help="default: run.py's")
     argp.add_argument(
         '--precision',
-        default='auto',
         choices=['auto', 'fp32', 'bf16', 'fp16'],
-        help="run.py's --precision (fp16 on a T4)",
+        help="run.py's --precision (fp16 on a T4; default: run.py's)",
     )
     argp.add_argument(
         '--max_epochs', type=int, help="pretraining epochs (default: the handout's 650)"
@@ -146,8 +228,15 @@ def parse_args(argv):
     argp.add_argument(
         '--finetune_max_epochs', type=int, help="finetuning epochs (default: the handout's)"
     )
-    argp.add_argument('--bench_steps', type=int, default=20, help="bench.py's --steps")
+    argp.add_argument('--bench_steps', type=int, default=30, help="bench.py's --steps")
     argp.add_argument('--skip_tests', action='store_true', help="leave out the GPU tests")
+    argp.add_argument(
+        '--variants',
+        nargs='*',
+        default=['synthesizer', 'rope', 'perceiver'],
+        help="the other variants whose step bench.py times (default: all three)",
+    )
+    argp.add_argument('--budget', type=float, help="seconds for the whole measurement")
     return argp.parse_args(argv)
 
 

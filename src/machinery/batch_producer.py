@@ -1,38 +1,42 @@
-"""Training's batches built ahead in a producer process, the same batches in the same
-order as the trainer builds them itself, bit for bit.
+"""Training's batches: built in the trainer's process, one stream of draws as the original
+builds them (InProcess, the CPU's), or built ahead by worker processes, each batch from a
+seed of its own (BatchProducer, CUDA's).
 
-The span corruption draws from Python's and numpy's random generators (a student's may
-draw from torch's CPU generator too), so the batches of a run form one stream of draws
-that no second builder can share. One process builds them all, in order: a torch
-DataLoader with a single worker, which starts from this process's random states instead
-of its own seeds and builds every remaining batch of the run (all its epochs) without a
-pause. Each batch comes with the random states after it was built, so that the
-resumable state names exactly where the draws stand (adopt_states). The trainer copies
-each batch to the GPU from pinned memory (devices.to_device).
+On a GPU a training step takes a few milliseconds, less than building its batch (span
+corruption of 128 documents, in Python), so several workers build batches at once. A
+batch's examples draw from Python's, numpy's and torch's CPU generators (a student's span
+corruption may use any of them), and one stream of draws cannot be shared between
+builders: so batch k of a run is built after those three generators are seeded from
+(the run's batch seed, k). Any worker can then build any batch, the batches do not
+depend on how many workers there are, and a resumed run builds the same batches from
+where it stopped. The run's batch seed comes from the random state the trainer starts
+with (which --seed fixes), without drawing from it, and the resumable state keeps it.
 
-The trainer uses it on CUDA, where a training step is shorter than building its batch
-in the same process (devices.builds_batches_ahead), and only where nothing else draws
-from those generators between batches (no test set).
+These are not the CPU's batches: the same documents in the same order, with other
+random spans. The CPU keeps the original's single stream, bit for bit.
 """
 
-import functools
+import contextlib
+import hashlib
 import math
+import os
 import random
 import signal
+import threading
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
-from machinery import resume
-
-PREFETCH = 8  # batches built ahead of the one training takes
+PREFETCH = 8  # batches each worker builds ahead
+MAX_WORKERS = 6
 
 
 class RunBatches:
-    """The example indices of every batch left in a run: batch `first_step` of
+    """The batches left in a run, as (k, example indices): batch `first_step` of
     `first_epoch` to the end of epoch max_epochs - 1, each epoch in the original loader's
-    order (no shuffling), its last batch the shorter one."""
+    order (no shuffling), its last batch the shorter one; k counts the run's batches from
+    its first (epoch * steps_per_epoch + step)."""
 
     def __init__(self, n_examples, batch_size, first_epoch, first_step, max_epochs):
         self.n, self.batch_size = n_examples, batch_size
@@ -40,93 +44,137 @@ class RunBatches:
         self.first_epoch, self.first_step, self.max_epochs = first_epoch, first_step, max_epochs
 
     def steps(self):
-        """The number, within its epoch, of each batch left."""
+        """(epoch, step) of each batch left."""
         for epoch in range(self.first_epoch, self.max_epochs):
             first = self.first_step if epoch == self.first_epoch else 0
-            yield from range(first, self.steps_per_epoch)
+            for step in range(first, self.steps_per_epoch):
+                yield epoch, step
 
     def __iter__(self):
         bs = self.batch_size
-        for step in self.steps():
-            yield list(range(step * bs, min((step + 1) * bs, self.n)))
+        for epoch, step in self.steps():
+            k = epoch * self.steps_per_epoch + step
+            yield k, list(range(step * bs, min((step + 1) * bs, self.n)))
 
     def __len__(self):
         epochs = max(0, self.max_epochs - self.first_epoch)
         return max(0, epochs * self.steps_per_epoch - self.first_step)
 
 
-def random_states():
-    """The generators a dataset draws from: Python's, numpy's and torch's on the CPU (as
-    bytes, which pass between processes as they are, where a tensor would take a new
-    block of shared memory)."""
-    return (*resume.random_states(), torch.get_rng_state().numpy().tobytes())
+def batch_seed():
+    """A run's batch seed: 63 random bits from a copy of Python's random state, which is
+    left as it is."""
+    copy = random.Random()
+    copy.setstate(random.getstate())
+    return copy.getrandbits(63)
 
 
-def set_random_states(states, torch_too=True):
-    python_rng, numpy_rng, torch_rng = states
-    random.setstate(python_rng)
-    np.random.set_state(numpy_rng)
-    if torch_too:
-        torch.set_rng_state(torch.frombuffer(bytearray(torch_rng), dtype=torch.uint8))
+def seed_generators(seed, k):
+    """Python's, numpy's and torch's CPU generators seeded for batch k of the run whose
+    batch seed is `seed`."""
+    digest = hashlib.blake2b(f'{seed} {k}'.encode(), digest_size=8).digest()
+    value = int.from_bytes(digest, 'little')  # 64 bits
+    random.seed(value)
+    np.random.seed([value & 0xFFFFFFFF, value >> 32])
+    torch.manual_seed(value)
 
 
-def start_worker(states, worker_id):
-    """The worker's start: the trainer's random states, and Ctrl-C and SIGTERM left to the
-    trainer (they reach the worker too, from a terminal or a VM that stops: the trainer
-    finishes its step and saves its state, then ends the worker; a worker that died of
-    them would stop the trainer at once instead)."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_IGN)
-    set_random_states(states)
-
-
-def stack_examples(examples):
-    """A batch of (x, y) examples as the trainer stacks it, with the random states after
-    it was built (in the worker, where the draws happen). The batch goes to the trainer
-    as numpy arrays, through the worker's pipe, which measured faster than tensors in
-    shared memory (a new block for each)."""
+def stack(examples):
+    """(x, y) examples stacked into a batch of rows: (b, T) each."""
     x = torch.stack([x for x, _ in examples])  # (b, T)
     y = torch.stack([y for _, y in examples])  # (b, T)
-    return x.numpy(), y.numpy(), random_states()
+    return x, y
+
+
+class SeededBatches(Dataset):
+    """The batches of a dataset, each built from its own seed: item (k, indices) is the
+    batch of those examples, built after seed_generators(seed, k). It goes to the trainer
+    as numpy arrays, through the worker's pipe, which measured faster than tensors in
+    shared memory (a new block for each)."""
+
+    def __init__(self, dataset, seed):
+        self.dataset, self.seed = dataset, seed
+
+    def __getitem__(self, key):
+        k, indices = key
+        seed_generators(self.seed, k)
+        x, y = stack([self.dataset[i] for i in indices])
+        return x.numpy(), y.numpy()
+
+
+def as_is(batch):
+    return batch
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def start_worker(worker_id):
+    """Ctrl-C and SIGTERM reach the workers too (a terminal's process group, a VM that
+    stops); they are left to the trainer, which finishes its step, saves its state and
+    then ends the workers (a worker that died of them would stop the trainer at once)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def stop_signals_ignored():
+    """Ctrl-C and SIGTERM ignored while the workers start: forked ones then ignore them
+    from their first instruction, not from start_worker on (spawned ones still start with
+    Python's own handlers until then)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handlers = {signum: signal.signal(signum, signal.SIG_IGN) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
+def worker_count():
+    """Workers for a machine: half its cores less one (the trainer's thread needs one, and
+    a GPU's driver another), at least one and at most MAX_WORKERS."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 2
+    return max(1, min(MAX_WORKERS, cores // 2 - 1))
 
 
 class BatchProducer:
-    """Iterates over the (x, y) batches that remain of a run, built in a worker process
-    from this process's random states as they are now; adopt_states() then puts this
-    process's random states where building the batches taken so far leaves them.
+    """Iterates over the (x, y) batches that remain of a run, built ahead by `workers`
+    worker processes, each batch from its own seed (SeededBatches). Nothing here draws
+    from this process's generators."""
 
-    torch's CPU generator is the batches' where the model trains on a GPU; on the CPU,
-    dropout draws from it too (between the batches), so there it stays this process's
-    (a dataset that draws from it cannot be built ahead for CPU training)."""
-
-    def __init__(self, dataset, batch_size, first_epoch, first_step, max_epochs, torch_rng=True):
-        self.states, self.torch_rng = random_states(), torch_rng
+    def __init__(
+        self, dataset, batch_size, first_epoch, first_step, max_epochs, seed, workers=None
+    ):
         batches = RunBatches(len(dataset), batch_size, first_epoch, first_step, max_epochs)
         self.loader = DataLoader(
-            dataset,
-            batch_sampler=batches,
-            num_workers=1,
-            collate_fn=stack_examples,
-            worker_init_fn=functools.partial(start_worker, self.states),
+            SeededBatches(dataset, seed),
+            batch_size=None,  # each item is a whole batch
+            sampler=batches,
+            num_workers=workers or worker_count(),
+            collate_fn=as_is,
+            worker_init_fn=start_worker,
             prefetch_factor=PREFETCH,
             # its own generator: the loader's seeds are not drawn from torch's global one
             generator=torch.Generator(),
         )
-        self.iterator = iter(self.loader) if len(batches) else iter(())
+        with stop_signals_ignored():  # forked workers start ignoring them
+            self.iterator = iter(self.loader) if len(batches) else iter(())
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        x, y, self.states = next(self.iterator)
+        x, y = next(self.iterator)
         return torch.from_numpy(x), torch.from_numpy(y)
 
-    def adopt_states(self):
-        """This process's random states as building the batches taken so far leaves them."""
-        set_random_states(self.states, torch_too=self.torch_rng)
-
     def close(self):
-        """Stops the worker (and the batches it built ahead)."""
+        """Stops the workers (and the batches they built ahead)."""
         shutdown = getattr(self.iterator, '_shutdown_workers', None)
         if shutdown is not None:
             shutdown()  # now, rather than when the iterator is collected
@@ -141,16 +189,13 @@ class InProcess:
         run = RunBatches(
             len(dataset), trainer.config.batch_size, first_epoch, first_step, max_epochs
         )
-        self.batches = (trainer.batch(dataset, step) for step in run.steps())
+        self.batches = (trainer.batch(dataset, step) for _, step in run.steps())
 
     def __iter__(self):
         return self.batches
 
     def __next__(self):
         return next(self.batches)
-
-    def adopt_states(self):
-        """Nothing to do: the draws happened here."""
 
     def close(self):
         pass

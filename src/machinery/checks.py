@@ -34,6 +34,9 @@ def check_flags(args, block_size, padded_length):
     for flag in ('resume', 'save_every', 'compile'):
         if getattr(args, flag) and args.function == 'evaluate':
             raise UserError(f"--{flag} applies to pretrain and finetune only")
+    for flag in ('compile', 'cuda_graph'):
+        if getattr(args, 'eager', False) and getattr(args, flag, False):
+            raise UserError(f"--eager: leave out --{flag}, which it turns off")
     bottleneck_dim = getattr(args, 'bottleneck_dim', None)  # a flag of the 2023 edition's
     if bottleneck_dim is not None and not 0 < bottleneck_dim <= block_size:
         raise UserError(

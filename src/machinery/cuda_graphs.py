@@ -1,24 +1,33 @@
-"""The whole training step replayed from a CUDA graph (run.py --cuda_graph).
+"""The whole training step replayed from a CUDA graph: on CUDA, what training does for one
+process unless run.py's --eager says otherwise (devices.training_paths).
 
 The model is small enough that a GPU waits on Python and on launching some thousand
 kernels a step, not on arithmetic. Here the trainer's own step (the model's loss as
 Trainer.loss computes it on a GPU, then Trainer.update: backward, fp16's unscaling,
 gradient clipping, AdamW and the loss scaler's update) is captured once into a CUDA
-graph and then replayed, one launch a step:
+graph and then replayed, one launch a step. With --compile the graph holds the compiled
+kernels (devices.compile_model):
 - the batch is copied into static input buffers, one pair (and one graph) per batch
-  shape: an epoch's full batches and its shorter last one;
+  shape: an epoch's full batches and its shorter last one; where the model is compiled,
+  the shorter batch is padded with rows of PAD instead, whose targets the loss ignores,
+  so that a phase has one shape and one compilation (the loss is the same but for
+  rounding);
 - AdamW is fused and capturable, and its learning rate is a device tensor that the
   schedule writes before each replay (Trainer.set_lr); the fused kernel reads it in
   fp32, so a rate that fp32 cannot hold exactly is rounded (eager passes a double);
 - clipping, the unscaling and the scaler's update run on the device without a host
   sync; a step whose fp16 gradients overflowed is skipped inside the fused AdamW;
-- dropout draws from CUDA's default generator, which graphs advance as eager code does;
+- dropout draws from CUDA's default generator (compiled dropout too), which graphs
+  advance as eager code does;
 - each step's loss is copied out of the graph's buffer, and the trainer reads the copies
   every log interval (metrics.MetricsLog).
 The first WARMUP steps, and the first step of each new batch shape, run eagerly on a side
-stream (they set up AdamW's moments, the scaler and the kernels that shape needs), as
-PyTorch's notes on whole-network capture ask; they are real steps, with the learning
-rate already the tensor the graphs read, so that a resumed run repeats them exactly.
+stream (they compile the model, set up AdamW's moments, the scaler and the kernels the
+shape needs), as PyTorch's notes on whole-network capture ask; they are real steps, with
+the learning rate already the tensor the graphs read, so that a resumed run repeats them
+exactly. A step that cannot be captured (a model that reads a tensor's value on the
+host, say) stops the run at its fourth step with one line naming the first error and
+--eager: a failed capture leaves CUDA's random generator unusable in the process.
 
 Elsewhere (the tests on a CPU) every "replay" is a plain call of the same step on the same
 static buffers: everything here but the capture itself.
@@ -32,15 +41,24 @@ from machinery.files import UserError
 WARMUP = 3
 
 
-def check(device, processes, compile, stand_in=False):
+def check(device, processes, stand_in=False):
     """--cuda_graph's conditions, checked before training starts; stand_in: the CPU's
     plain calls (the tests') are allowed too."""
     if device != 'cuda' and not (stand_in and device == 'cpu'):
         raise UserError(f"--cuda_graph: for CUDA GPUs only, and this runs on the {device}")
     if processes > 1:
         raise UserError("--cuda_graph: one process only; under torchrun, leave it out")
-    if compile:
-        raise UserError("--cuda_graph: leave out --compile (the two are not tested together)")
+
+
+def pad_rows(x, y, rows):
+    """The batch (x, y), each (b, T), with rows of PAD (id 0, whose targets the loss
+    ignores) added up to `rows`: (rows, T) each."""
+    missing = rows - x.size(0)
+    if missing <= 0:
+        return x, y
+    return torch.cat([x, x.new_zeros(missing, x.size(1))]), torch.cat(
+        [y, y.new_zeros(missing, y.size(1))]
+    )
 
 
 class Captured:
@@ -59,9 +77,10 @@ class GraphedStep:
 
     def __init__(self, trainer):
         config = trainer.config
-        check(trainer.device, trainer.world_size, config.compile, stand_in=True)
+        check(trainer.device, trainer.world_size, stand_in=True)
         self.trainer = trainer
         self.capture = trainer.device == 'cuda'
+        self.rows = min(config.batch_size, len(trainer.train_dataset))  # a full batch's
         self.eager_left = WARMUP
         self.seen = set()  # the batch shapes stepped on eagerly
         self.captured = {}  # (b, T) -> Captured
@@ -71,6 +90,8 @@ class GraphedStep:
         """The loss of one training step on the CPU batch (x, y); the model is updated."""
         trainer = self.trainer
         self.make_lr_a_tensor()
+        if devices.is_compiled(trainer.model):  # one shape, one compilation
+            x, y = pad_rows(x, y, self.rows)
         x, y = trainer.to_device(x, y)
         shape = tuple(x.shape)
         if self.eager_left or shape not in self.seen:
@@ -122,14 +143,11 @@ class GraphedStep:
         try:
             with torch.cuda.graph(step.graph):
                 step.loss = self.step_on(step.x, step.y)
-        except RuntimeError as e:
-            cause = e  # the first error; ending the capture raises another of its own
-            while cause.__context__ is not None:
-                cause = cause.__context__
-            reason = str(cause).strip().split('\n')[0]
+        except RuntimeError as e:  # the first error's line: ending the capture raises its own
+            # a failed capture leaves CUDA's random generator unusable in this process
             raise UserError(
-                f"--cuda_graph: the training step cannot be captured ({reason}); train "
-                f"without --cuda_graph"
+                f"the training step cannot be replayed from a CUDA graph "
+                f"({devices.first_cause(e)}); run the command again with --eager"
             ) from e
         return step
 

@@ -113,6 +113,15 @@ def check_gpu_architecture():
 NOTES = set()
 
 
+def first_cause(error):
+    """The first line of the error that started `error` (what it was raised from or
+    while handling), at most 200 characters: the compiler and CUDA graphs wrap theirs."""
+    while (error.__cause__ or error.__context__) is not None:
+        error = error.__cause__ or error.__context__
+    lines = str(error).strip().split('\n')
+    return lines[0][:200] or type(error).__name__
+
+
 def note_once(line):
     """A note on stderr, once per process however often the device is asked for."""
     if line not in NOTES:
@@ -225,12 +234,63 @@ def check_compile(device):
         raise UserError(f"--compile: for CUDA GPUs only, and this runs on the {device}")
 
 
+def training_paths(device, processes, eager=False, compile=False, cuda_graph=False):
+    """(compile, cuda_graph): whether training compiles the model (torch.compile, only
+    with --compile) and replays each step from a CUDA graph (cuda_graphs.py): on CUDA,
+    for one process (DDP stays uncaptured), unless --eager. Elsewhere only the flags ask
+    for them, and they were checked (check_compile, cuda_graphs.check)."""
+    if device != 'cuda' or eager:
+        return compile, cuda_graph
+    return compile, cuda_graph or processes == 1
+
+
+def compile_hint(compile, precision):
+    """A line for --compile in bf16, whose training diverged where it was measured, else
+    None."""
+    if compile and precision == 'bf16':
+        return (
+            "note: --compile with bf16 diverged in our measured pretraining (an H200, torch "
+            "2.11: the loss rose from step 30 and became nan by step 500; fp32 learned): "
+            "check the loss, or leave out --compile (docs/gpus-and-macs.md)"
+        )
+    return None
+
+
 def compile_model(model, device):
     """torch.compile in place (module.compile), so the parameters keep their names and the
     params files do not change; with fixed shapes, as a GPU trains on the whole padded
-    batch: a phase compiles for its full batch and its epochs' shorter last one."""
+    batch (a graphed step pads an epoch's shorter last batch: one compilation a phase)."""
     check_compile(device)
     model.compile(**COMPILE_OPTIONS)
+
+
+def is_compiled(model):
+    """Whether model runs compiled (compile_model, and not fallen back since)."""
+    return getattr(model, '_compiled_call_impl', None) is not None
+
+
+def falls_back_uncompiled(step, model):
+    """step, a training step of the compiled model, made to go on uncompiled where
+    compiling fails (a GPU Triton cannot compile for, code torch.compile cannot take): one
+    line says so, and the step runs again on the model as written. An error that is not
+    the compiler's comes again from the model's own code."""
+
+    def checked_step(*batch):
+        if not is_compiled(model):
+            return step(*batch)
+        try:
+            return step(*batch)
+        except UserError:
+            raise  # this codebase's own stop (cuda_graphs.py's), not the compiler's
+        except Exception as e:  # noqa: BLE001 (whatever the compiler raises)
+            model._compiled_call_impl = None  # what module.compile set: the model as written
+            note_once(
+                f"note: torch.compile failed on this model ({first_cause(e)}); training "
+                f"goes on uncompiled, slower"
+            )
+            return step(*batch)
+
+    return checked_step
 
 
 def precision_hint(device, choice, precision):

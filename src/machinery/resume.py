@@ -53,6 +53,10 @@ PARTS = {
     'numpy_rng': tuple,
     'process_rngs': list,
 }
+# Parts a state may lack (states saved before they existed), and the type of each.
+OPTIONAL_PARTS = {
+    'batch_seed': int,  # batches built ahead (batch_producer.py): the run's seed for them
+}
 # For a state refused for holding objects: states saved before PARTS kept numpy's random
 # state as an ndarray, and torch's random state beside it; this turns them into what PARTS holds.
 UPGRADE_OLD_STATE = (
@@ -140,8 +144,8 @@ def settings_of(trainer):
 def state_of(trainer):
     """Everything that continues the trainer's run exactly: the model, the optimizer,
     fp16's loss scale, where the run is, and every random state: Python's and numpy's (the
-    span corruption) and each process's torch state (its dropout masks). Tensors and
-    plain values only."""
+    span corruption) and each process's torch state (its dropout masks), and the seed of
+    batches built ahead. Tensors and plain values only."""
     python_rng, numpy_rng = random_states()
     return {
         'model': params_files.cpu_state_dict(trainer.model),
@@ -155,6 +159,7 @@ def state_of(trainer):
         'python_rng': python_rng,
         'numpy_rng': numpy_rng,
         'process_rngs': distributed.gather(torch_rng_state(trainer.device)),
+        **({} if trainer.batch_seed is None else {'batch_seed': trainer.batch_seed}),
     }
 
 
@@ -180,6 +185,7 @@ def restore(trainer, state):
     random.setstate(state['python_rng'])
     np.random.set_state(state['numpy_rng'])
     set_torch_rng_state(state['process_rngs'][trainer.rank], trainer.device)
+    trainer.batch_seed = state.get('batch_seed')
 
 
 def random_states():
@@ -200,8 +206,9 @@ def read_state(path, where):
     state = files.load_weights_only(path, where, 'resumable state', if_trusted)
     if not isinstance(state, dict):
         raise files.UserError(f"{where}: not a resumable state (it holds a {type(state).__name__})")
-    for key, kind in PARTS.items():
-        if not isinstance(state.get(key), kind):
+    for key, kind in {**PARTS, **OPTIONAL_PARTS}.items():
+        missing_and_optional = key in OPTIONAL_PARTS and key not in state
+        if not isinstance(state.get(key), kind) and not missing_and_optional:
             found = 'nothing' if key not in state else f"a {type(state[key]).__name__}"
             raise files.UserError(f"{where}: not a resumable state ({key!r} is {found})")
     return state

@@ -16,6 +16,7 @@ These are not the CPU's batches: the same documents in the same order, with othe
 random spans. The CPU keeps the original's single stream, bit for bit.
 """
 
+import atexit
 import contextlib
 import hashlib
 import math
@@ -112,7 +113,9 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def start_worker(worker_id):
     """Ctrl-C and SIGTERM reach the workers too (a terminal's process group, a VM that
     stops); they are left to the trainer, which finishes its step, saves its state and
-    then ends the workers (a worker that died of them would stop the trainer at once)."""
+    then ends the workers (a worker that died of them would stop the trainer at once).
+    torch's worker loop sets a SIGTERM handler of its own just before this runs: a
+    SIGTERM in that moment of a worker's start still ends it."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
 
@@ -165,6 +168,9 @@ class BatchProducer:
         )
         with stop_signals_ignored():  # forked workers start ignoring them
             self.iterator = iter(self.loader) if len(batches) else iter(())
+        # A producer left open ends its workers at exit, before torch stops shutting down
+        # its iterators and multiprocessing ends its children with a SIGTERM they ignore.
+        atexit.register(self.close)
 
     def __iter__(self):
         return self
@@ -175,6 +181,7 @@ class BatchProducer:
 
     def close(self):
         """Stops the workers (and the batches they built ahead)."""
+        atexit.unregister(self.close)
         shutdown = getattr(self.iterator, '_shutdown_workers', None)
         if shutdown is not None:
             shutdown()  # now, rather than when the iterator is collected

@@ -30,7 +30,9 @@ differ by a pretraining seed (perceiver, perceiver.s1, perceiver.s2) get a secon
 how far their means lie apart, against the finetuning seeds' spread within each. A run whose
 predictions exist with the same settings is skipped, and an interrupted one resumes, so
 after an interruption run the same command again; one made with other settings is
-refused before any work.
+refused before any work. Params are not committed: on another machine, with grid.json and
+the predictions committed, the same command skips each pretraining whose runs are all
+done, and pretrains again (and runs again from) one whose runs are not.
 """
 
 import import_paths  # first: src/ and tools/ on sys.path
@@ -115,13 +117,14 @@ def output_prefix(outdir, model, method, seed):
     return os.path.join(outdir, f"{model}.{method.replace(':', '')}.s{seed}")
 
 
-def planned_runs(args):
+def planned_runs(args, models=None):
     """[(key, output prefix, settings to record, run.py argvs: finetune, evaluate dev and
-    test)], one per model x method x seed."""
+    test)], one per model x method x seed. models: [(params path, name, variant, shape
+    flags, md5)], by default those of the --pretrained files."""
+    if models is None:
+        models = [(path, *pretrained_model(path), records.md5(path)) for path in args.pretrained]
     runs = []
-    for path in args.pretrained:
-        name, variant, shape = pretrained_model(path)
-        digest = records.md5(path)
+    for path, name, variant, shape, digest in models:
         for method, method_flags in args.methods:
             for seed in args.seeds:
                 out = output_prefix(args.outdir, name, method, seed)
@@ -181,7 +184,9 @@ def finetune_all(args, runs, record, save):
             print(f"== {key}: {out}.* exist, skipped")
             continue
         print(f"== {key}")
-        entry = record.setdefault(key, {'made_with': made_with, 'commit': code, 'machine': machine})
+        if not os.path.exists(out + '.params'):  # made now: its record begins again
+            record[key] = {'made_with': made_with, 'commit': code, 'machine': machine}
+        entry = record[key]
         save()  # before the work: a leftover .resume is then known to be this run's
         if not os.path.exists(out + '.params'):
             resuming = ['--resume'] if os.path.exists(out + '.params.resume') else []
@@ -220,6 +225,30 @@ def pretraining_runs(args):
     return runs
 
 
+def done_elsewhere(args, key, out, made_with, record):
+    """Whether a pretraining whose params are not here (made on another machine: params
+    are not committed, grid.json and the predictions are) has every finetuning and
+    evaluation this command plans for it done with these settings. One that is not is
+    pretrained again, and its runs made again from the new params."""
+    entry = record.get(key, {})
+    if 'params_md5' not in entry:
+        return False
+    if entry['made_with'] != made_with:
+        raise files.UserError(
+            f"{out} was made with other settings (grid.json): "
+            f"{records.differences(entry['made_with'], made_with)}. Use another --outdir"
+        )
+    name, variant = made_with['model'], made_with['pretrain'][0]
+    model = (out, name, variant, VARIANT_FLAGS.get(variant, []), entry['params_md5'])
+    for run_key, prefix, run_made_with, _ in planned_runs(args, [model]):
+        run = record.get(run_key, {})
+        if run.get('made_with') != run_made_with or 'dev_correct' not in run:
+            return False
+        if not all(os.path.exists(prefix + p) for p in ('.dev.predictions', '.test.predictions')):
+            return False
+    return True
+
+
 def pretrain_all(args, pretrainings, record, save):
     """Runs the pretrainings whose params are missing, --jobs at once, each as run.py in
     a process of its own (its output in PARAMS.log); yields each params file as it is
@@ -231,8 +260,11 @@ def pretrain_all(args, pretrainings, record, save):
         if os.path.exists(out):
             print(f"== {key}: {out} exists, skipped")
             yield out
+        elif done_elsewhere(args, key, out, made_with, record):
+            print(f"== {key}: its finetunings and evaluations are done (grid.json; its "
+                  f"params stayed where it was made), skipped")  # fmt: skip
         else:
-            record.setdefault(key, {'made_with': made_with, 'commit': code, 'machine': machine})
+            record[key] = {'made_with': made_with, 'commit': code, 'machine': machine}
             waiting.append((key, out, argv))
     save()
     try:
@@ -260,6 +292,7 @@ def pretrain_all(args, pretrainings, record, save):
             with open(log.name, encoding='utf-8') as f:
                 said = f.read()
             entry = record[key]
+            entry['params_md5'] = records.md5(out)
             entry['pretrain_seconds'] = time.time() - start
             entry['at_once'] = len(running) + 1
             loss = re.findall(r'final loss ([\d.]+)', said)

@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import re
+import shutil
 import statistics
 
 import pytest
@@ -233,5 +234,36 @@ def test_pretraining_seeds_run_at_once_stop_and_go_on(tiny, monkeypatch, capsys)
         grid.main([*PRETRAIN[:9], '31', *PRETRAIN[10:]])
     assert stopped.value.code == 2
     assert 'p/vanilla.s0.pretrain.params was made with other settings: --max_epochs 30 ' in (
+        capsys.readouterr().err
+    )
+
+    # another machine: what is committed (grid.json, predictions, metrics), no params
+    for path in (tiny / 'p').iterdir():
+        if path.is_dir():
+            shutil.rmtree(path)  # tensorboard's
+        elif not path.name.endswith(('.json', '.predictions', '.csv', '.md')):
+            path.unlink()
+    record_before = (tiny / 'p' / 'grid.json').read_text()
+    grid.main(PRETRAIN)
+    out = capsys.readouterr().out
+    assert out.count('its finetunings and evaluations are done (grid.json') == 4, out
+    assert 'run.py' not in out and 'finetune from pretrained' not in out
+    assert json.loads((tiny / 'p' / 'grid.json').read_text()) == json.loads(record_before)
+    # a run missing there: its pretraining is made again, and its runs from it
+    (tiny / 'p' / 'synthesizer.s1.full.s0.dev.predictions').unlink()
+    grid.main(PRETRAIN)
+    out = capsys.readouterr().out
+    assert out.count('its finetunings and evaluations are done (grid.json') == 3, out
+    assert out.count('finetune from pretrained done') == 1
+    record = json.loads((tiny / 'p' / 'grid.json').read_text())
+    again = record['synthesizer.s1 pretrain']
+    assert again['params_md5'] == record['synthesizer.s1 full s0']['made_with']['pretrained_md5']
+    assert (tiny / 'p' / 'synthesizer.s1.full.s0.dev.predictions').exists()
+    # and other settings are refused there too, from the record
+    (tiny / 'p' / 'synthesizer.s1.pretrain.params').unlink()
+    with pytest.raises(SystemExit) as stopped:
+        grid.main([*PRETRAIN[:9], '31', *PRETRAIN[10:]])
+    assert stopped.value.code == 2
+    assert 'p/vanilla.s0.pretrain.params was made with other settings (grid.json): ' in (
         capsys.readouterr().err
     )

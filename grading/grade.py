@@ -75,31 +75,72 @@ class Fail(Exception):
 
 
 class Test:
-    def __init__(self, name, points, check, editions, probes, answers):
+    def __init__(self, name, points, check, editions, probes, answers, hint):
         self.name, self.points, self.check = name, points, check
-        self.editions, self.probes, self.answers = editions, probes, answers
+        self.editions, self.probes, self.answers, self.hint = editions, probes, answers, hint
+
+    def reason(self, failure):
+        """A failure's line, and what to do where it does not say so itself: for a missing
+        output, the commands that write it; else what to check."""
+        said = str(failure)
+        if said.endswith(' is missing'):
+            said += f"; {RUN_IT}"
+        elif self.hint and 'check ' not in said:
+            said += f"; {self.hint}"
+        return said
 
 
 TESTS = []
 
 
-def test(name, points, editions=tuple(EDITIONS), probes=(), answers=False):
+def test(name, points, editions=tuple(EDITIONS), probes=(), answers=False, hint=None):
     """Registers check(g) as a test; `name` starts with the handout's part and may use the
-    edition's fields ({variant}, {vanilla_dev}, ...). check raises Fail to fail."""
+    edition's fields ({variant}, {vanilla_dev}, ...). check raises Fail to fail; `hint`,
+    in the handout's terms, says what to check (added to a failure that does not)."""
 
     def register(check):
-        TESTS.append(Test(name, points, check, editions, probes, answers))
+        TESTS.append(Test(name, points, check, editions, probes, answers, hint))
         return check
 
     return register
 
 
-@test("(c) the vanilla model: the handout's architecture", 2, probes=['finetune'])
+RUN_IT = "the handout's commands write it (README: The handout's commands)"
+ACCURACY = (
+    "check the whole pipeline (parts c to g), trained at the handout's settings: `python "
+    "grading/learning_check.py` tells in minutes whether it learns, and where not"
+)
+SPAN = (
+    "check __getitem__ (part e): truncate to a random length from 4 to int(block_size*7/8) "
+    "(at most the document's), mask a span a quarter of that length on average, build "
+    "prefix MASK suffix MASK masked, pad with PAD to the padded length, x = string[:-1], "
+    "y = string[1:]"
+)
+
+
+@test(
+    "(c) the vanilla model: the handout's architecture",
+    2,
+    probes=['finetune'],
+    hint=(
+        "check new_model (part c): GPTConfig(vocab_size, block_size, n_layer=4, "
+        "n_head=8, n_embd=256) and model.GPT"
+    ),
+)
 def vanilla_architecture(g):
     check_architecture(g.probe('finetune')['shapes'], g.architecture('vanilla'), 'the model')
 
 
-@test("(c) finetuning without pretraining: the handout's Trainer settings", 2, probes=['finetune'])
+@test(
+    "(c) finetuning without pretraining: the handout's Trainer settings",
+    2,
+    probes=['finetune'],
+    hint=(
+        "check finetune (part c): 75 epochs without --reading_params_path, batch 256, "
+        "args.finetune_lr, lr_decay, warmup_tokens 512*20, final_tokens "
+        "200*len(pretrain_dataset)*block_size"
+    ),
+)
 def finetune_settings(g):
     check_settings(g.probe('finetune')['config'], g.settings(75, 256, 6e-4, 200))
 
@@ -109,7 +150,16 @@ def vanilla_model_params(g):
     check_params(g, 'vanilla.model.params', 'vanilla')
 
 
-@test("(d) London baseline: london_baseline.py's accuracy", 2, probes=['london'])
+@test(
+    "(d) London baseline: london_baseline.py's accuracy",
+    2,
+    probes=['london'],
+    hint=(
+        "check london_baseline.py (part d): it predicts London for every question of "
+        "birth_dev.tsv and prints the accuracy utils.evaluate_places gives (2024: and "
+        "writes it to london_baseline_accuracy.txt)"
+    ),
+)
 def london_printed(g):
     if not any(
         (g.submission / p).is_file() for p in ('london_baseline.py', 'src/london_baseline.py')
@@ -126,10 +176,20 @@ def london_printed(g):
         raise Fail(f"london_baseline.py did not print the accuracy, {accuracy:g}%")
 
 
-@test(f"(d) {ACCURACY_FILE} holds the London baseline's accuracy", 1, editions=('2024', '2025'))
+@test(
+    f"(d) {ACCURACY_FILE} holds the London baseline's accuracy",
+    1,
+    editions=('2024', '2025'),
+    hint=(
+        "python london_baseline.py writes it (part d), and collect_submission.sh puts it in the zip"
+    ),
+)
 def london_file(g):
     beside = f"src/{ACCURACY_FILE}"  # where london_baseline.py run from src/ leaves it
-    text = g.read(ACCURACY_FILE if (g.submission / ACCURACY_FILE).is_file() else beside)
+    found = [name for name in (ACCURACY_FILE, beside) if (g.submission / name).is_file()]
+    if not found:
+        raise Fail(f"{ACCURACY_FILE} is missing (neither beside src/ nor in it)")
+    text = g.read(found[0])
     if not has_number(text, [g.london_accuracy()]):
         raise Fail(f"it holds {text.strip()[:40]!r}, not {g.london_accuracy():g}")
 
@@ -144,12 +204,16 @@ def nopretrain_test_lines(g):
     g.predictions('vanilla.nopretrain.test.predictions', 'test')
 
 
-@test("(d) vanilla without pretraining: test predictions, at least 1 right", 4, answers=True)
+@test(
+    "(d) vanilla without pretraining: test predictions, at least 1 right",
+    4,
+    answers=True,
+)
 def nopretrain_test(g):
     check_accuracy(g, 'vanilla.nopretrain.test.predictions', 'test', minimum_right=1)
 
 
-@test("(e) span corruption: the truncated length", 5, probes=['span'])
+@test("(e) span corruption: the truncated length", 5, probes=['span'], hint=SPAN)
 def span_truncation(g):
     examples = span_examples(g)
     cap = int(SPAN_BLOCK * 7 / 8)
@@ -172,25 +236,38 @@ def span_truncation(g):
         )
 
 
-@test("(e) span corruption: prefix MASK suffix MASK masked, then PAD", 5, probes=['span'])
+@test(
+    "(e) span corruption: prefix MASK suffix MASK masked, then PAD", 5, probes=['span'], hint=SPAN
+)
 def span_rearranged(g):
     for e in span_examples(g):
         if e.problem:
             raise Fail(e.problem)
 
 
-@test("(e) span corruption: y is x shifted by one", 5, probes=['span'])
+@test(
+    "(e) span corruption: y is x shifted by one",
+    5,
+    probes=['span'],
+    hint=(
+        "check __getitem__ (part e): x is the string without its last character, y "
+        "without its first (x = string[:-1], y = string[1:]), so that y is what follows "
+        "each character of x"
+    ),
+)
 def span_shift(g):
     for e in span_examples(g):
         if e.x[1:] != e.y[:-1]:
             raise Fail(f"x[1:] != y[:-1] for x = {e.x.rstrip(e.pad)!r}, y = {e.y.rstrip(e.pad)!r}")
 
 
-@test("(e) span corruption: the masked length", 5, probes=['span'])
+@test("(e) span corruption: the masked length", 5, probes=['span'], hint=SPAN)
 def span_masked_length(g):
-    examples = [e for e in span_examples(g) if e.problem is None and e.length >= 8]
+    drawn = span_examples(g)
+    examples = [e for e in drawn if e.problem is None and e.length >= 8]
     if not examples:
-        raise Fail("no example could be read (see the rearrangement test)")
+        problems = [e.problem for e in drawn if e.problem]
+        raise Fail(f"no example could be read: {problems[0] if problems else 'none drawn'}")
     masked = sum(len(e.masked) for e in examples) / len(examples)
     quarter = sum(e.length / 4 for e in examples) / len(examples)
     if abs(masked - quarter) > 1.5:
@@ -208,7 +285,7 @@ def span_masked_length(g):
         )
 
 
-@test("(e) span corruption: padded to the edition's length", 2, probes=['span'])
+@test("(e) span corruption: padded to the edition's length", 2, probes=['span'], hint=SPAN)
 def span_padding(g):
     padded = SPAN_BLOCK + g.edition['extra_pad']
     for e in span_examples(g):
@@ -225,12 +302,27 @@ def span_padding(g):
     "builds",
     1,
     probes=['span_corpus'],
+    hint=(
+        "wiki.txt ends with a newline, so its last line is empty, and some lines are "
+        "shorter than 4 characters: check that __getitem__ (part e) still gives an "
+        "example for them (truncate to at most the document's length, mask at most what "
+        "there is)"
+    ),
 )
 def span_every_line(g):
     g.probe('span_corpus')
 
 
-@test("(f) pretraining: the handout's Trainer settings", 7, probes=['pretrain'])
+@test(
+    "(f) pretraining: the handout's Trainer settings",
+    7,
+    probes=['pretrain'],
+    hint=(
+        "check pretrain (part f): 650 epochs, batch 128, args.pretrain_lr, lr_decay, "
+        "warmup_tokens 512*20, final_tokens E*len(pretrain_dataset)*block_size with the "
+        "edition's E"
+    ),
+)
 def pretrain_settings(g):
     settings = g.settings(650, 128, 6e-3, g.edition['schedule'])
     check_settings(g.probe('pretrain')['config'], settings)
@@ -240,12 +332,21 @@ def pretrain_settings(g):
     "(f) finetuning from pretrained params: the handout's Trainer settings",
     4,
     probes=['finetune_pretrained'],
+    hint=("check finetune (part f): 10 epochs with --reading_params_path, otherwise as part c"),
 )
 def finetune_pretrained_settings(g):
     check_settings(g.probe('finetune_pretrained')['config'], g.settings(10, 256, 6e-4, 200))
 
 
-@test("(f) finetuning from pretrained params starts from them", 2, probes=['finetune_pretrained'])
+@test(
+    "(f) finetuning from pretrained params starts from them",
+    2,
+    probes=['finetune_pretrained'],
+    hint=(
+        "check finetune (part f): load --reading_params_path into the model "
+        "(load_state_dict) before the Trainer trains it"
+    ),
+)
 def finetune_pretrained_loads(g):
     found = g.probe('finetune_pretrained')
     if found['loaded'] != found['given']:
@@ -260,7 +361,7 @@ def vanilla_finetune_params(g):
     check_params(g, 'vanilla.finetune.params', 'vanilla')
 
 
-@test("(f) vanilla pretrained: dev accuracy at least {vanilla_dev}%", 5)
+@test("(f) vanilla pretrained: dev accuracy at least {vanilla_dev}%", 5, hint=ACCURACY)
 def vanilla_dev(g):
     check_accuracy(g, 'vanilla.pretrain.dev.predictions', 'dev', g.edition['vanilla_dev'])
 
@@ -270,12 +371,22 @@ def vanilla_test_lines(g):
     g.predictions('vanilla.pretrain.test.predictions', 'test')
 
 
-@test("(f) vanilla pretrained: test accuracy at least {vanilla_test}%", 8, answers=True)
+@test(
+    "(f) vanilla pretrained: test accuracy at least {vanilla_test}%", 8, answers=True, hint=ACCURACY
+)
 def vanilla_test(g):
     check_accuracy(g, 'vanilla.pretrain.test.predictions', 'test', g.edition['vanilla_test'])
 
 
-@test("(g) the {variant} model: the handout's architecture", 2, probes=['variant'])
+@test(
+    "(g) the {variant} model: the handout's architecture",
+    2,
+    probes=['variant'],
+    hint=(
+        "check new_model (part g): the variant's setting in GPTConfig "
+        "(synthesizer=True, bottleneck_dim, rope=True) and its model class"
+    ),
+)
 def variant_architecture(g):
     variant = g.edition['variant']
     check_architecture(g.probe('variant')['shapes'], g.architecture(variant), 'the model')
@@ -286,7 +397,7 @@ def variant_params(g):
     check_params(g, f"{g.edition['variant']}.finetune.params", g.edition['variant'])
 
 
-@test("(g) {variant} pretrained: dev accuracy at least {variant_dev}%", 5)
+@test("(g) {variant} pretrained: dev accuracy at least {variant_dev}%", 5, hint=ACCURACY)
 def variant_dev(g):
     name = f"{g.edition['variant']}.pretrain.dev.predictions"
     check_accuracy(g, name, 'dev', g.edition['variant_dev'])
@@ -297,30 +408,60 @@ def variant_test_lines(g):
     g.predictions(f"{g.edition['variant']}.pretrain.test.predictions", 'test')
 
 
-@test("(g) {variant} pretrained: test accuracy at least {variant_test}%", 5, answers=True)
+@test(
+    "(g) {variant} pretrained: test accuracy at least {variant_test}%",
+    5,
+    answers=True,
+    hint=ACCURACY,
+)
 def variant_test(g):
     name = f"{g.edition['variant']}.pretrain.test.predictions"
     check_accuracy(g, name, 'test', g.edition['variant_test'])
 
 
 @test(
-    "(g) the {variant} model trains and decodes here: the packed training step (fp32, bf16) "
-    "and the fast decoder compute what the plain forward does",
+    "(g) the {variant} model reads no later position, and training and evaluate compute what "
+    "its forward does: on rows of several lengths (fp32, bf16), one character at a time",
     2,
     probes=['machinery'],
+    hint=(
+        "check the code you wrote (part g): what has block_size positions (a causal mask, "
+        "a weight or bias per position, rope_cache) must be cut to the T positions of its "
+        "input, which training and evaluate often make fewer than block_size"
+    ),
 )
 def variant_machinery(g):
     g.probe('machinery')
 
 
-@test("(g) SynthesizerAttention: eq. 11 with given weights", 4, ('2021',), ['synthesizer'])
+@test(
+    "(g) SynthesizerAttention: eq. 11 with given weights",
+    4,
+    ('2021',),
+    ['synthesizer'],
+    hint=(
+        "check SynthesizerAttention.forward (part g): per head ReLU(x A_i + b_1) B_i + "
+        "b_2 with B_i (w2) and b_2 (b2) cut to the input's T, the causal mask before "
+        "the softmax, then times (x V_i), the heads side by side, then proj"
+    ),
+)
 def synthesizer_output(g):
     weights, inputs = synthesizer_case()
     expected = [synthesizer_attention(exact(weights), x.double(), n_head=3) for (x,) in inputs]
     check_outputs(g.probe('synthesizer'), expected, 'SynthesizerAttention', inputs)
 
 
-@test("(g) DownProjectBlock with given weights", 3, ('2023',), ['down'])
+@test(
+    "(g) DownProjectBlock with given weights",
+    3,
+    ('2023',),
+    ['down'],
+    hint=(
+        "check DownProjectBlock (part g): the basis C (bottleneck_dim x n_embd, "
+        "repeated over the batch) attends to x_input with CausalCrossAttention, "
+        "LayerNorm before attention and before the MLP, residuals around both"
+    ),
+)
 def down_output(g):
     weights, inputs = perceiver_case('down')
     forms = {
@@ -330,7 +471,17 @@ def down_output(g):
     check_forms(g.probe('down'), forms, 'DownProjectBlock', inputs)
 
 
-@test("(g) UpProjectBlock with given weights", 3, ('2023',), ['up'])
+@test(
+    "(g) UpProjectBlock with given weights",
+    3,
+    ('2023',),
+    ['up'],
+    hint=(
+        "check UpProjectBlock (part g): x_input attends to y with CausalCrossAttention "
+        "(the queries from x_input), LayerNorm before attention and before the MLP, "
+        "residuals around both"
+    ),
+)
 def up_output(g):
     weights, inputs = perceiver_case('up')
     forms = {
@@ -340,20 +491,47 @@ def up_output(g):
     check_forms(g.probe('up'), forms, 'UpProjectBlock', inputs)
 
 
-@test("(g) precompute_rotary_emb: cos and sin of t theta_i", 2, ('2024', '2025'), ['rope_table'])
+@test(
+    "(g) precompute_rotary_emb: cos and sin of t theta_i",
+    2,
+    ('2024', '2025'),
+    ['rope_table'],
+    hint=(
+        "check precompute_rotary_emb (part g): theta_i = 10000^(-2(i-1)/d) for i = "
+        "1..d/2, and a (max_positions, d/2, 2) tensor of cos(t theta_i), sin(t theta_i)"
+    ),
+)
 def rope_table(g):
     expected = rotary_table(8, 12)
     check_outputs([g.probe('rope_table')], [expected], 'precompute_rotary_emb(8, 12)', None)
 
 
-@test("(g) apply_rotary_emb: rotates adjacent pairs", 2, ('2024', '2025'), ['rope_apply'])
+@test(
+    "(g) apply_rotary_emb: rotates adjacent pairs",
+    2,
+    ('2024', '2025'),
+    ['rope_apply'],
+    hint=(
+        "check apply_rotary_emb (part g): each adjacent pair (x_{2i-1}, x_{2i}) at "
+        "position t rotated by t theta_i, with the first T rows of rope_cache"
+    ),
+)
 def rope_apply(g):
     x, table = rope_apply_inputs()
     expected = rotate(x, table)
     check_outputs([g.probe('rope_apply')], [expected], 'apply_rotary_emb', [(x, table)])
 
 
-@test("(g) CausalSelfAttention with rope: q and k rotated", 2, ('2024', '2025'), ['rope_attention'])
+@test(
+    "(g) CausalSelfAttention with rope: q and k rotated",
+    2,
+    ('2024', '2025'),
+    ['rope_attention'],
+    hint=(
+        "check CausalSelfAttention (part g): rope_cache registered as a buffer, q and k "
+        "(not v) rotated by apply_rotary_emb after the heads are split"
+    ),
+)
 def rope_attention_output(g):
     weights, inputs = rope_attention_case()
     expected = [rope_attention(exact(weights), x.double(), n_head=2) for (x,) in inputs]
@@ -475,7 +653,13 @@ class SpanExample:
         self.length, self.masked, self.problem = None, '', None
         whole = x + y[-1:]
         body = whole.rstrip(pad)
-        if pad in body:
+        if x[1:] != y[:-1] and y[1:] == x[:-1]:
+            self.problem = (
+                f"x and y are swapped: y is x shifted right by one, where y must be what "
+                f"follows each character of x: x = {shown(y, pad)}, y = {shown(x, pad)} is "
+                f"the handout's"
+            )
+        elif pad in body:
             self.problem = f"PAD inside the string, not only at its end: {shown(whole, pad)}"
         elif body.count(mask) != 2 and not (body.count(mask) == 3 and body.endswith(mask)):
             self.problem = f"{body.count(mask)} MASKs, not 2: {shown(whole, pad)}"
@@ -952,7 +1136,7 @@ def grade(submission, edition_name, data, answers=None, timeout=60, jobs=None, o
                 t.check(g)
                 rows.append((name, t.points, t.points, None))
             except Fail as e:
-                rows.append((name, 0, t.points, str(e)))
+                rows.append((name, 0, t.points, t.reason(e)))
             except Exception as e:  # what the grader did not foresee fails one test, not all
                 rows.append((name, 0, t.points, f"grader error: {type(e).__name__}: {e}"))
     return rows
@@ -1053,7 +1237,24 @@ def parse_args(argv):
     argp.add_argument('--csv', type=Path, help="write a row per submission here")
     argp.add_argument('--timeout', type=float, default=60, help="seconds per probe (60)")
     argp.add_argument('--jobs', type=int, help="probes run at once (default: up to 4)")
+    argp.add_argument(
+        '--learning_check',
+        action='store_true',
+        help="also run learning_check.py's few minutes of training (a row of no points)",
+    )
     return argp.parse_args(argv)
+
+
+def learning_row(submission, edition_name, data):
+    """learning_check.py's training stages on the submission, as a row of no points (the
+    grader's checks it starts from are the table's own)."""
+    import learning_check
+
+    variant = EDITIONS[edition_name]['variant']
+    with tempfile.TemporaryDirectory(prefix='learning-') as work:
+        report, learns = learning_check.check(submission, edition_name, 0, Path(work), data=data)
+    name = f"learning check (optional, no points): the {variant} model learns as a correct one"
+    return name, 0, 0, None if learns else ' '.join(line.strip() for line in report)
 
 
 def main(argv=None):
@@ -1083,6 +1284,8 @@ def main(argv=None):
             edition = args.edition or guess_edition(path, submission)
             start = time.perf_counter()
             rows = grade(submission, edition, args.data, answers, args.timeout, args.jobs)
+            if args.learning_check:
+                rows.append(learning_row(submission, edition, args.data))
             seconds = time.perf_counter() - start
             guessed = '' if args.edition else ', told from its files; --edition to choose'
             print(table(rows, f"{path} ({edition} edition{guessed})", seconds))

@@ -11,9 +11,10 @@ numpy, so that only the submission's code answers.
   module      a module (SynthesizerAttention, DownProjectBlock, ...) built from the
               submission's class with given weights, and its outputs on given inputs
   function    one of the submission's functions (RoPE's) on given inputs
-  machinery   the variant's model, built of the submission's parts, through what training
-              and evaluation run on them: the Trainer's packed step on the CPU in fp32 and
-              bf16, and the fast decoder, each against the plain computation
+  machinery   the variant's model, built of the submission's parts: that it reads no later
+              position, and what training and evaluation run on it (the Trainer's packed
+              step on the CPU in fp32 and bf16, the fast decoder) against its plain forward;
+              its failures say what they mean for the student's code
   london      london_baseline.py run as the handout says, and what it printed and wrote
 """
 
@@ -287,6 +288,8 @@ def machinery(variant, vocab_size=40, block_size=128):
         gpt.zero_grad(set_to_none=True)
         return grads
 
+    gpt.eval()
+    reads_no_later_position(gpt, vocab_size, block_size - 1)
     gpt.train()
     plain = stage("the model's own forward, training", lambda: gpt(x, y)[1])
     plain.backward()
@@ -294,32 +297,43 @@ def machinery(variant, vocab_size=40, block_size=128):
     for precision in ('fp32', 'bf16'):
         settings = dict(device='cpu', precision=precision, batch_size=len(x))
         run = trainer.Trainer(gpt, [None] * len(x), None, trainer.TrainerConfig(**settings))
-        what = f"the training step ({precision}, packed rows)"
+        what = f"training ({precision}) on rows of several lengths, each cut after its last target"
         loss = stage(what, lambda run=run: run.loss(x, y))
         stage(what, loss.backward)
         grads = gradients()
         if not torch.isfinite(loss) or not all(torch.isfinite(g).all() for g in grads.values()):
             raise Failure(f"{what}: the loss or a gradient is not finite")
         if precision == 'fp32':
-            if not math.isclose(loss.item(), plain.item(), rel_tol=1e-4, abs_tol=1e-5):
+            differs = not math.isclose(loss.item(), plain.item(), rel_tol=1e-4, abs_tol=1e-5)
+            if differs:
                 raise Failure(
-                    f"{what}: loss {loss.item():.6g}, the plain forward's {plain.item():.6g}"
+                    f"{what}: loss {loss.item():.6g}, where your model on the whole padded rows "
+                    f"gives {plain.item():.6g}: {DEPENDS_ON_LATER}"
                 )
             for n, g in plain_grads.items():
                 error = (grads[n] - g).abs().max().item()
                 if error > 1e-3 * (1 + g.abs().max().item()):
-                    raise Failure(f"{what}: the gradient of {n} is off by {error:.3g}")
+                    raise Failure(
+                        f"{what}: the gradient of {n} is off by {error:.3g} from the whole "
+                        f"padded rows' gradient: {DEPENDS_ON_LATER}"
+                    )
         elif abs(loss.item() - plain.item()) > 0.05 * plain.item():
-            raise Failure(f"{what}: loss {loss.item():.4g}, fp32's {plain.item():.4g}")
+            raise Failure(
+                f"{what}: loss {loss.item():.4g} in bf16 where fp32 gives {plain.item():.4g}: "
+                f"check the code you wrote (part g) for a mask value bf16 cannot hold (use "
+                f"float('-inf')), or a step that loses precision"
+            )
     gpt.eval()
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(2, vocab_size, (n,), generator=g) for n in (5, 9, 5, 17, 40, 1)]
     steps = 16
-    fast = stage(
-        'the fast decoder', lambda: decoding.greedy_complete(gpt, prompts, steps, stop_id=1)
-    )
+    what = "answering one character at a time, as evaluate does"
+    fast = stage(what, lambda: decoding.greedy_complete(gpt, prompts, steps, stop_id=1))
     for prompt, ours in zip(prompts, fast):
-        whole = stage('the plain decoder', lambda p=prompt: utils.sample(gpt, p[None], steps))
+        whole = stage(
+            'utils.sample (the whole sequence each step)',
+            lambda p=prompt: utils.sample(gpt, p[None], steps),
+        )
         plain_ids = whole[0, len(prompt) :].tolist()
         plain_ids = plain_ids[: plain_ids.index(1) + 1] if 1 in plain_ids else plain_ids
         if ours == plain_ids:
@@ -327,17 +341,54 @@ def machinery(variant, vocab_size=40, block_size=128):
         k = next((i for i, (a, b) in enumerate(zip(ours, plain_ids)) if a != b), None)
         if k is None:
             raise Failure(
-                f"the fast decoder gave {len(ours)} characters, the plain one {len(plain_ids)}"
+                f"{what}: {len(ours)} characters, where utils.sample, running the whole "
+                f"sequence each step, gives {len(plain_ids)}: {POSITIONS}"
             )
         with torch.no_grad():
             logits = gpt(whole[:, : len(prompt) + k])[0][0, -1]
         best = torch.softmax(logits.double(), -1).topk(2).values
         if best[0] - best[1] > 1e-4:
             raise Failure(
-                f"the fast decoder's character {k + 1} after a prompt of {len(prompt)} differs "
-                f"from the plain decoder's"
+                f"{what}: character {k + 1} after a prompt of {len(prompt)} differs from "
+                f"utils.sample's, which runs the whole sequence each step: {POSITIONS}"
             )
     return {'loss': plain.item()}
+
+
+# What a mismatch between the same model's two ways of running means for the student's code.
+DEPENDS_ON_LATER = (
+    "your model's output at a position depends on the positions after it, or on how many "
+    "positions the input has; check the causal mask (part g) and that what you cut to the "
+    "input's T positions (the mask, the synthesizer's w2 and b2, rope_cache) is cut to T, "
+    "not to block_size"
+)
+POSITIONS = (
+    "the output at a position must depend only on the characters up to it and on the "
+    "position's number; check the causal mask and, with RoPE, that position t is rotated "
+    "by t theta_i whatever the input's length (part g)"
+)
+
+
+def reads_no_later_position(gpt, vocab_size, T):
+    """Changing the character at one position must leave the outputs at every earlier
+    position as they were (the model in eval mode); a Failure naming the first that moved."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randint(2, vocab_size, (1, T), generator=g)
+    with torch.no_grad():
+        before = stage("your model's forward", lambda: gpt(x)[0])
+        for t in (T - 1, T // 2, 5):
+            changed = x.clone()
+            changed[0, t] = 2 + (x[0, t] - 1) % (vocab_size - 2)  # another character
+            after = stage("your model's forward", lambda c=changed: gpt(c)[0])
+            moved = (after[0, :t] - before[0, :t]).abs().amax(-1) > 1e-5  # (t,)
+            if moved.any():
+                s = int(moved.nonzero()[0])
+                raise Failure(
+                    f"your model's output at position {s} changes when the character at "
+                    f"position {t} changes: it reads positions after the one it predicts; "
+                    f"check the causal mask in the attention you wrote (part g: every score "
+                    f"of a key after the query masked before the softmax, the mask cut to T)"
+                )
 
 
 def stage(what, work):

@@ -116,6 +116,20 @@ pretraining shows that they train:
 
     python src/run.py pretrain vanilla wiki.txt --writing_params_path smoke.params --max_epochs 1
 
+## Does it learn? (about four minutes)
+
+Once every part is written, and before the hours of the full pretraining:
+
+    python grading/learning_check.py
+
+It first runs the grader's checks of the code that training runs (seconds), then your
+run.py pretrains your {variant} model on the wiki.txt lines of 64 people, finetunes it on
+their birth-place questions and asks it the same questions, all on the CPU, and compares
+each stage with what a correct pipeline does there (its loss band, the questions it
+recalls); where one differs it says what to check. One epoch of the real pretraining
+answers no question, right or wrong, so the accuracy floors cannot tell this until the
+end.
+
 ## The handout's commands, in order
 
 Times on a 2-core CPU with bf16 instructions (about twice as long without; minutes on a
@@ -129,7 +143,8 @@ GPU):
 
 It runs each check of your code in a separate process with a time limit and prints a
 table of the tests, their points, and why a test failed. Tests of results (params and
-prediction files) pass once you have run the handout's commands.
+prediction files) pass once you have run the handout's commands. `--learning_check` adds
+the learning check's few minutes as a row of no points.
 """
 # the handout's commands of an edition: (what, time on a 2-core CPU with bf16, command)
 COMMANDS = [

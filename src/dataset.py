@@ -6,6 +6,8 @@ finetuning example whose loss covers only the answer. Run as a script to see exa
 
     python src/dataset.py namedata
     python src/dataset.py charcorruption
+    python src/dataset.py charcorruption --index 2937 -1   # any documents (-1: the last)
+    python src/dataset.py charcorruption --random 5        # five at random
 """
 
 import argparse
@@ -55,6 +57,9 @@ class CharCorruptionDataset(Dataset):
     # [part e]
     def __getitem__(self, idx):
         """Document idx as a span-corruption example: (x, y), each padded_length - 1 ids.
+        Every document gets one: wiki.txt ends with a newline, so its last document is
+        empty, and a few are shorter than 4 characters (`python src/dataset.py
+        charcorruption --index -1` shows the last).
         1. Truncate the document to a random length: every length from 4 to
            int(block_size * 7/8) can be drawn (capped by the document's own length).
         2. Split that into prefix + masked + suffix, the masked length random and on average
@@ -156,6 +161,10 @@ if __name__ == '__main__':
         choices=['namedata', 'charcorruption'],
         help="Type of dataset to sample from.",
     )
+    argp.add_argument(
+        '--index', nargs='+', type=int, help="the examples of these lines (-1: the last)"
+    )
+    argp.add_argument('--random', type=int, metavar='N', help="the examples of N lines at random")
     args = argp.parse_args()
 
     corruption_dataset = CharCorruptionDataset(files.read_text('wiki.txt'), 128)
@@ -163,7 +172,18 @@ if __name__ == '__main__':
         dataset = NameDataset(corruption_dataset, files.read_text('birth_places_train.tsv'))
     else:
         dataset = corruption_dataset
-    for idx in range(4):
+    chosen, n = args.index or [], len(dataset)
+    if args.random:
+        chosen += random.sample(range(n), min(args.random, n))
+    for idx in chosen:
+        if not -n <= idx < n:
+            error = files.UserError(f"--index {idx}: there are {n} examples (0 to {n - 1})")
+            sys.exit(files.report(error))
+    for idx in chosen or range(4):
+        if chosen:
+            line = dataset.data[idx]
+            shown = repr(line[:60]) + ('...' if len(line) > 60 else '')
+            print(f"example {idx % n} (the line {shown}):")
         x, y = dataset[idx]
         print('x:', decode(x, dataset.itos))
         print('y:', decode(y, dataset.itos))

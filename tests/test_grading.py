@@ -92,7 +92,8 @@ def test_the_starter_gets_no_marks(tmp_path, edition):
     for name in code:  # each fails at a stub, which names its part
         assert 'NotImplementedError: [part ' in reasons[name], (name, reasons[name])
     for name in set(reasons) - set(code):  # the handout's outputs are not made yet
-        assert reasons[name].endswith('is missing'), (name, reasons[name])
+        reason = reasons[name]  # and what writes it
+        assert re.search(r" is missing( \(.*\))?; .*writes? it", reason), (name, reason)
     assert "DEFAULT_EDITION = '%s'" % edition in (tmp_path / 'src' / 'run.py').read_text()
     assert f'edition="${{1:-{edition}}}"' in (tmp_path / 'collect_submission.sh').read_text()
     readme = (tmp_path / 'README.md').read_text()
@@ -247,8 +248,8 @@ def test_a_marker_must_sit_on_a_def_or_an_if():
 
 # the test that runs a variant's parts through our training step and decoder
 MACHINERY = (
-    "(g) the {variant} model trains and decodes here: the packed training step (fp32, bf16) "
-    "and the fast decoder compute what the plain forward does"
+    "(g) the {variant} model reads no later position, and training and evaluate compute what "
+    "its forward does: on rows of several lengths (fp32, bf16), one character at a time"
 )
 # A mistake: (file, our text, the mistaken text, edition, the tests it must lose)
 MISTAKES = {
@@ -356,7 +357,68 @@ MISTAKES = {
         '2021',
         {"(f) finetuning from pretrained params starts from them"},
     ),
+    "the synthesizer without its causal mask": (
+        'src/attention.py',
+        "self.b2[:T]  # (B, nh, T, T)\n        att = att.masked_fill(self.mask[:, :, :T, :T] == 0, "
+        "float('-inf'))",
+        "self.b2[:T]  # (B, nh, T, T)",
+        '2021',
+        {
+            "(g) SynthesizerAttention: eq. 11 with given weights",
+            MACHINERY.format(variant='synthesizer'),
+        },
+    ),
+    "the synthesizer's b2 not cut to T": (
+        'src/attention.py',
+        'att = a @ self.w2[:, :T] + self.b2[:T]',
+        'att = a @ self.w2[:, :T] + self.b2',
+        '2021',
+        {
+            "(g) SynthesizerAttention: eq. 11 with given weights",
+            MACHINERY.format(variant='synthesizer'),
+        },
+    ),
+    'x and y swapped': (
+        'src/dataset.py',
+        'return encode(masked_string[:-1], self.stoi), encode(masked_string[1:], self.stoi)',
+        'return encode(masked_string[1:], self.stoi), encode(masked_string[:-1], self.stoi)',
+        '2024',
+        {
+            "(e) span corruption: the truncated length",
+            "(e) span corruption: prefix MASK suffix MASK masked, then PAD",
+            "(e) span corruption: y is x shifted by one",
+            "(e) span corruption: the masked length",
+        },
+    ),
+    'rope_cache not cut to T': (
+        'src/attention.py',
+        'cos, sin = rope_cache[:T, :, 0], rope_cache[:T, :, 1]',
+        'cos, sin = rope_cache[:, :, 0], rope_cache[:, :, 1]',
+        '2024',
+        {
+            "(g) apply_rotary_emb: rotates adjacent pairs",
+            "(g) CausalSelfAttention with rope: q and k rotated",
+            MACHINERY.format(variant='rope'),
+        },
+    ),
+    'v rotated too': (
+        'src/attention.py',
+        'k = apply_rotary_emb(k, self.rope_cache)  # (B, nh, T, hs)\n',
+        'k = apply_rotary_emb(k, self.rope_cache)  # (B, nh, T, hs)\n'
+        '            v = apply_rotary_emb(v, self.rope_cache)\n',
+        '2024',
+        {"(g) CausalSelfAttention with rope: q and k rotated"},
+    ),
+    'new_model without the synthesizer': (
+        'src/run.py',
+        "synthesizer=variant == 'synthesizer',",
+        'synthesizer=False,',
+        '2021',
+        {"(g) the synthesizer model: the handout's architecture"},
+    ),
 }
+# what no message a student can get may speak of: our machinery's words
+MACHINERY_WORDS = re.compile(r'pack|(?<!rope_)cache|machinery|fast decoder', re.I)
 
 
 def planted(ours, folder, relative, old, new):
@@ -374,6 +436,10 @@ def test_a_classic_mistake_loses_exactly_its_tests(ours, our_grades, tmp_path, m
     passed = {name for name, score, points, _ in our_grades[edition] if score == points}
     assert {name for name, score, points, _ in rows if score < points} == lost
     assert lost <= passed
+    for name, score, points, reason in rows:  # in the handout's terms: a part and a cause
+        if score < points:
+            assert '(part ' in reason and 'check ' in reason, (name, reason)
+            assert not MACHINERY_WORDS.search(reason), (name, reason)
 
 
 def test_2024s_padding_is_right_in_2021(ours, tmp_path):
@@ -492,7 +558,7 @@ def test_test_answers_grade_the_test_predictions(ours, tmp_path):
     assert rows == [(name, 8, 8, None)]
     wrong = [f"{q.split(chr(9))[0]}\tNowhere" for q in questions]
     rows = grade.grade(ours, '2021', ROOT / 'data', answers=wrong, only={name})
-    assert rows == [(name, 0, 8, "0 of 437 right, 0.0%: below 9%")]
+    assert rows == [(name, 0, 8, f"0 of 437 right, 0.0%: below 9%; {grade.ACCURACY}")]
 
 
 def test_the_command_line_grades_zips_and_writes_json_and_csv(ours, tmp_path, capsys):

@@ -204,11 +204,7 @@ def nopretrain_test_lines(g):
     g.predictions('vanilla.nopretrain.test.predictions', 'test')
 
 
-@test(
-    "(d) vanilla without pretraining: test predictions, at least 1 right",
-    4,
-    answers=True,
-)
+@test("(d) vanilla without pretraining: test predictions, at least 1 right", 4, answers=True)
 def nopretrain_test(g):
     check_accuracy(g, 'vanilla.nopretrain.test.predictions', 'test', minimum_right=1)
 
@@ -332,7 +328,7 @@ def pretrain_settings(g):
     "(f) finetuning from pretrained params: the handout's Trainer settings",
     4,
     probes=['finetune_pretrained'],
-    hint=("check finetune (part f): 10 epochs with --reading_params_path, otherwise as part c"),
+    hint="check finetune (part f): 10 epochs with --reading_params_path, otherwise as part c",
 )
 def finetune_pretrained_settings(g):
     check_settings(g.probe('finetune_pretrained')['config'], g.settings(10, 256, 6e-4, 200))

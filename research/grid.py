@@ -117,12 +117,17 @@ def output_prefix(outdir, model, method, seed):
     return os.path.join(outdir, f"{model}.{method.replace(':', '')}.s{seed}")
 
 
+def model_of(path):
+    """(params path, name, variant, shape flags, md5) of a pretrained params file."""
+    return (path, *pretrained_model(path), records.md5(path))
+
+
 def planned_runs(args, models=None):
     """[(key, output prefix, settings to record, run.py argvs: finetune, evaluate dev and
-    test)], one per model x method x seed. models: [(params path, name, variant, shape
-    flags, md5)], by default those of the --pretrained files."""
+    test)], one per model x method x seed. models: [model_of(...)], by default those of
+    the --pretrained files."""
     if models is None:
-        models = [(path, *pretrained_model(path), records.md5(path)) for path in args.pretrained]
+        models = [model_of(path) for path in args.pretrained]
     runs = []
     for path, name, variant, shape, digest in models:
         for method, method_flags in args.methods:
@@ -163,13 +168,19 @@ def run_all(args):
     save = lambda: records.write_record(path, record)
     pretrainings = pretraining_runs(args)
     records.check_made_with([(key, out, made) for key, out, made, _ in pretrainings], record)
+    to_make = []  # the pretrainings not skipped as done elsewhere (checked before any work)
+    for key, out, made_with, argv in pretrainings:
+        if not os.path.exists(out) and done_elsewhere(args, key, out, made_with, record):
+            print(f"== {key}: its finetunings and evaluations are done (grid.json; its "
+                  f"params stayed where it was made), skipped")  # fmt: skip
+        else:
+            to_make.append((key, out, made_with, argv))
     runs = planned_runs(args)
     records.check_made_with([(key, out + '.params', made) for key, out, made, _ in runs], record)
     finetune_all(args, runs, record, save)
-    with contextlib.closing(pretrain_all(args, pretrainings, record, save)) as written:
-        for params in written:
-            args.pretrained = [params]  # its finetunings, while the next pretrainings run
-            runs = planned_runs(args)
+    with contextlib.closing(pretrain_all(args, to_make, record, save)) as written:
+        for params in written:  # its finetunings, while the next pretrainings run
+            runs = planned_runs(args, [model_of(params)])
             records.check_made_with([(k, out + '.params', m) for k, out, m, _ in runs], record)
             finetune_all(args, runs, record, save)
     return record
@@ -184,11 +195,12 @@ def finetune_all(args, runs, record, save):
             print(f"== {key}: {out}.* exist, skipped")
             continue
         print(f"== {key}")
-        if not os.path.exists(out + '.params'):  # made now: its record begins again
+        finetuning = not os.path.exists(out + '.params')
+        if finetuning:  # made now: its record begins again
             record[key] = {'made_with': made_with, 'commit': code, 'machine': machine}
         entry = record[key]
         save()  # before the work: a leftover .resume is then known to be this run's
-        if not os.path.exists(out + '.params'):
+        if finetuning:
             resuming = ['--resume'] if os.path.exists(out + '.params.resume') else []
             trainer = records.run_command(finetune + resuming)
             model = trainer.model
@@ -260,9 +272,6 @@ def pretrain_all(args, pretrainings, record, save):
         if os.path.exists(out):
             print(f"== {key}: {out} exists, skipped")
             yield out
-        elif done_elsewhere(args, key, out, made_with, record):
-            print(f"== {key}: its finetunings and evaluations are done (grid.json; its "
-                  f"params stayed where it was made), skipped")  # fmt: skip
         else:
             record[key] = {'made_with': made_with, 'commit': code, 'machine': machine}
             waiting.append((key, out, argv))

@@ -276,9 +276,11 @@ def report_pretraining(args, corpus, precision, device):
             f"its step waits for the longer of that and its own work"
         )
     plain = times['plain'] + batch
+    # a step of ours: its own work and its batch's, which workers build meanwhile on CUDA
+    per_step = lambda path: max(times[path], ahead) if ahead else times[path] + batch
     print(f"  plain: {plain * 1000:8.2f} ms/step  {positions / plain:9,.0f} tokens/s")
     for path in args.paths:
-        ours = max(times[path], ahead) if ahead else times[path] + batch
+        ours = per_step(path)
         replay = (
             f"; the graph's replay alone {replays[path] * 1000:.2f} ms" if path in replays else ""
         )
@@ -288,7 +290,7 @@ def report_pretraining(args, corpus, precision, device):
             f"steps {starts[path]:.1f} s{replay})"
         )
     best = min(args.paths, key=lambda path: times[path])
-    ours = max(times[best], ahead) if ahead else times[best] + batch
+    ours = per_step(best)
     steps_650 = 650 * math.ceil(len(corpus) / 128)
     print(
         f"  650-epoch pretraining ({steps_650} steps): plain {duration(steps_650 * plain)}, "

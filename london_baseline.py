@@ -31,7 +31,8 @@ def write_accuracy(total, correct, path=ACCURACY_FILE):
 
 
 if __name__ == '__main__':
-    path = sys.argv[1] if len(sys.argv) > 1 else 'birth_dev.tsv'
+    # a bare name found in data/ here, so that the part's open(path) finds it too
+    path = files.find_data_file(sys.argv[1] if len(sys.argv) > 1 else 'birth_dev.tsv')
     try:
         total, correct = london_baseline(path)
         if total == 0:

@@ -281,6 +281,59 @@ def span_masked_length(g):
         )
 
 
+SPAN_SAME_START = 0.6  # the most of span_position's pairs that may share a start
+
+
+@test(
+    "(e) span corruption: the masked span's place varies",
+    2,
+    probes=['span'],
+    hint=(
+        "check __getitem__ (part e): the handout chooses the span to mask at random in the "
+        "truncated document, so its start must be drawn anew for each example (a random "
+        "start from 0 to the truncated length minus the masked length, say), not the first "
+        "character, the end or one offset every time"
+    ),
+)
+def span_position(g):
+    """Two draws of the same truncated and masked lengths (leaving 3 characters or more
+    unmasked, so that even a start drawn from 1 to L - m - 1, which never leaves the prefix
+    or the suffix empty, has 2 places) must not share their start too often. A start
+    decided by the lengths shares it every time; a random one from the k places allowed, 1/k
+    of the time: with 4,000 draws, over about 45,000 such pairs, ours and the textbook
+    answer's (0..L-m) average 0.15 and the 1..L-m-1 reading 0.25, with standard deviations
+    near 0.009 (200 seeds each: at most 0.28), so SPAN_SAME_START (0.6) is 35 of them above
+    the highest; a submission whose start is random at all passes."""
+    groups = {}
+    for e in span_examples(g):
+        if e.problem is None and e.length - len(e.masked) >= 3:
+            groups.setdefault((e.length, len(e.masked)), []).append(e)
+    pairs = sum(len(drawn) * (len(drawn) - 1) // 2 for drawn in groups.values())
+    if not pairs:
+        raise Fail("no two examples of the same truncated and masked lengths could be read")
+    same = 0
+    for drawn in groups.values():
+        starts = [e.start for e in drawn]
+        same += sum(starts.count(s) * (starts.count(s) - 1) // 2 for s in set(starts))
+    if same / pairs <= SPAN_SAME_START:
+        return
+    examples = [e for drawn in groups.values() for e in drawn]
+    if all(e.start == 0 for e in examples):
+        where = "always starts at the truncated document's first character (no prefix)"
+    elif all(e.start + len(e.masked) == e.length for e in examples):
+        where = "always ends at the truncated document's last character (no suffix)"
+    elif len({e.start for e in examples}) == 1:
+        first = examples[0].start
+        where = f"always starts after the truncated document's first {first} characters"
+    else:
+        where = "does not move over the truncated document"
+    raise Fail(
+        f"the masked span {where}: two draws of the same truncated and masked lengths put "
+        f"it at the same place {same / pairs:.0%} of the time ({pairs:,} pairs; a random "
+        f"place: about 15-25%; allowed: up to {SPAN_SAME_START:.0%})"
+    )
+
+
 @test("(e) span corruption: padded to the edition's length", 2, probes=['span'], hint=SPAN)
 def span_padding(g):
     padded = SPAN_BLOCK + g.edition['extra_pad']
@@ -646,7 +699,7 @@ class SpanExample:
 
     def __init__(self, document, x, y, pad, mask):
         self.document, self.x, self.y, self.pad = document, x, y, pad
-        self.length, self.masked, self.problem = None, '', None
+        self.length, self.masked, self.start, self.problem = None, '', None, None
         whole = x + y[-1:]
         body = whole.rstrip(pad)
         if x[1:] != y[:-1] and y[1:] == x[:-1]:
@@ -662,6 +715,7 @@ class SpanExample:
         else:  # a third MASK after the masked span is allowed, as the public grader does
             prefix, suffix, masked = body.split(mask)[:3]
             self.length, self.masked = len(prefix + masked + suffix), masked
+            self.start = len(prefix)
             if not document.startswith(prefix + masked + suffix):
                 self.problem = (
                     f"prefix + masked + suffix is not the start of the document: "
@@ -690,7 +744,8 @@ def span_examples(g):
     draws with probability 1% is missing with probability below 40 e^-36. The masked
     length's mean over those draws has a standard deviation near 0.1 (at most 0.4), far
     inside the allowed 1.5; and for a truncated length drawn 30 times or more, a random
-    masked length falls on both sides of a quarter of it except with a tiny probability."""
+    masked length falls on both sides of a quarter of it except with a tiny probability.
+    The masked span's place: span_position states its margin."""
     if g.span is None:
         found = g.probe('span')
         documents = span_documents()
@@ -1208,19 +1263,24 @@ def table(rows, title, seconds):
     return out.getvalue()
 
 
-def results_json(rows):
-    """Gradescope's results.json."""
-    return {
+def results_json(rows, after_published=(), seconds=None):
+    """Gradescope's results.json: the tests named in `after_published` (the test-set
+    floors) are shown once the grades are published; `seconds`, the grading's time."""
+    results = {
         'score': sum(r[1] for r in rows),
         'tests': [
             dict(
                 name=name, score=score, max_score=points,
                 status='passed' if reason is None else 'failed',
-                output=reason or 'passed', visibility='visible',
+                output=reason or 'passed',
+                visibility='after_published' if name in after_published else 'visible',
             )
             for name, score, points, reason in rows
         ],
     }  # fmt: skip
+    if seconds is not None:
+        results['execution_time'] = round(seconds)
+    return results
 
 
 def parse_args(argv):
@@ -1249,7 +1309,8 @@ def learning_row(submission, edition_name, data):
     variant = EDITIONS[edition_name]['variant']
     with tempfile.TemporaryDirectory(prefix='learning-') as work:
         report, learns = learning_check.check(submission, edition_name, 0, Path(work), data=data)
-    name = f"learning check (optional, no points): the {variant} model learns as a correct one"
+    trains = "trains as a correct one does"
+    name = f"learning check (optional, no points): the {variant} model {trains}"
     return name, 0, 0, None if learns else ' '.join(line.strip() for line in report)
 
 

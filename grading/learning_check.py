@@ -1,5 +1,6 @@
-"""Does my pipeline learn? A few minutes of the assignment's own commands, on a slice of
-the data, on the CPU, compared with what a correct pipeline does there.
+"""Does my pipeline train as a correct one does? A few minutes of the assignment's own
+commands, on a slice of the data, on the CPU, compared with what a correct pipeline does
+there.
 
     python grading/learning_check.py              # from your starter's folder, once the
                                                   # parts are written
@@ -10,11 +11,18 @@ right or wrong, so the accuracy floors cannot tell a working pipeline from a bro
 until then. Here, after the grader's checks of the code that training runs (seconds),
 your run.py pretrains your edition's second variant on the wiki.txt lines of PEOPLE
 people, finetunes it on their birth-place questions and evaluates it on the same
-questions, with --max_epochs and --batch_size made small. A correct pipeline (this
-repository's solution and answers written from the handouts, seeds 0-2) ends its
-pretraining with a loss inside a band and then recalls most of the questions it was
-finetuned on; each stage prints what it did, what came, what a correct pipeline gets,
-and, where they differ, what to check.
+questions, with --max_epochs and --batch_size made small (and finetuning's --finetune_lr
+raised). A correct pipeline (this repository's solution and answers written from the
+handouts, seeds 0-2) ends its pretraining with a loss inside a band and then recalls at
+least a floor of the questions it was finetuned on; each stage prints what it did, what
+came, what a correct pipeline gets, and, where they differ, what to check.
+
+What it shows is that the pipeline trains as a correct one does, not that pretraining
+helped: a finetuning that ignores the pretrained params recalled as many (finetuning
+learns its own questions by heart), and no run of minutes has shown knowledge reaching
+questions the finetuning never saw. That test is the full run, the handout's commands: a
+pretraining takes 2h50m to 3h40m on a 2-core AMD EPYC with bf16 (up to about 8 hours on
+slower CPUs), 131 s on an H200.
 """
 
 import argparse
@@ -30,19 +38,22 @@ import grade
 
 PEOPLE = 64
 PLACE_WITHIN = 96  # characters: the place is in what span corruption keeps of the line
-SETTINGS = {'pretrain': ['--max_epochs', '120', '--batch_size', '32'],
-            'finetune': ['--max_epochs', '150', '--batch_size', '4']}  # fmt: skip
+SETTINGS = {
+    'pretrain': ['--max_epochs', '120', '--batch_size', '32'],
+    'finetune': ['--max_epochs', '120', '--batch_size', '16', '--finetune_lr', '3e-3'],
+}
 # What a correct pipeline gets, per variant, measured with this repository's solution and
 # with answers written from the handouts (tests/test_textbook.py), seeds 0-2 each, on a
 # 2-core AMD EPYC with bf16 (docs/grading.md): the pretraining's mean loss over its last
 # LATE steps (synthesizer 2.13-2.34, rope 2.13-2.41, perceiver 2.19-2.50), the band those
-# runs' range widened by about 0.3 each side; and the questions recalled (synthesizer 62 of 64
-# every time, rope 12-54, perceiver 5-24), the floor about half the fewest and above the 3 that
-# answering every question with the commonest place gets.
+# runs' range widened by about 0.3 each side; and the questions recalled with SETTINGS'
+# finetuning (synthesizer 62 of 64 every time, rope 28-59, perceiver 7-47), the floor about
+# half the fewest and above the 3 that answering every question with the commonest place
+# gets.
 LATE = 30
 CORRECT = {
     'synthesizer': dict(loss=(1.85, 2.65), recall=31),
-    'rope': dict(loss=(1.85, 2.70), recall=6),
+    'rope': dict(loss=(1.85, 2.70), recall=14),
     'perceiver': dict(loss=(1.85, 2.80), recall=4),
 }
 
@@ -140,6 +151,12 @@ SIZES = (
     "a weight or bias per position, rope_cache) is cut to the T positions of the input, "
     "which training often gives fewer than block_size (part g)"
 )
+TRAINS = (
+    "Your pipeline trains as a correct one does. Whether pretraining puts knowledge within "
+    "reach of questions the finetuning never saw, only the full run tells (the handout's "
+    "commands; a pretraining takes about 3 hours on a 2-core CPU, up to about 8 on slower "
+    "ones, about 2 minutes on an H200)."
+)
 CRASHED = {
     'pretrain': "pretraining (part f's pretrain, your span corruption in part e, your model "
     "in parts c and g) stopped",
@@ -164,7 +181,7 @@ def code_checks(folder, edition, data):
 
 def check(folder, edition, seed, work, settings=SETTINGS, people=PEOPLE, data=None):
     """Runs the stages on a slice of the data in `work` (from pretraining on; the caller
-    runs code_checks first); returns the report's lines and whether the pipeline learns
+    runs code_checks first); returns the report's lines and whether the pipeline trains
     as a correct one does."""
     data = Path(data or folder / 'data')
     variant = grade.EDITIONS[edition]['variant']
@@ -247,15 +264,15 @@ def main(argv=None):
     line, failed = code_checks(folder, edition, data)
     print('\n'.join([line, *failed]), flush=True)
     if failed:
-        print("Fix these first: the pipeline learns from them.")
+        print("Fix these first: the pipeline trains through this code.")
         return 1
     with tempfile.TemporaryDirectory() as temporary:
         work = Path(args.keep or temporary)
         work.mkdir(parents=True, exist_ok=True)
         report, learns = check(folder, edition, args.seed, work, data=data)
     print('\n'.join(report))
-    print("Your pipeline learns as a correct one does." if learns else
-          "Your pipeline does not learn as a correct one does: see above.")  # fmt: skip
+    print(TRAINS if learns else
+          "Your pipeline does not train as a correct one does: see above.")  # fmt: skip
     return 0 if learns else 1
 
 

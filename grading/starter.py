@@ -44,6 +44,7 @@ INCLUDED = [
     'data/README.md',
     'london_baseline.py',
     'collect_submission.sh',
+    'colab.ipynb',
     'requirements.txt',
     'environment.yml',
     'pyproject.toml',
@@ -52,8 +53,10 @@ INCLUDED = [
 EXCLUDED = {'grading/starter.py'}
 MARKED = ['src/*.py', 'london_baseline.py']  # the files the markers may be in
 STUB = 'raise NotImplementedError("'
-# what the starter changes in a file: the edition made the default, in run.py and
-# collect_submission.sh, and no path that exists only on this project's machines
+# what the starter changes in a file: the edition made the default, in run.py,
+# collect_submission.sh and the notebook (whose second variant becomes the edition's, and
+# which trains the student's folder: no repository of ours to clone), and no path that
+# exists only on this project's machines. {edition}, {variant} and {flags} are the edition's
 REPLACED = {
     'src/run.py': [("DEFAULT_EDITION = None", "DEFAULT_EDITION = '{edition}'")],
     'collect_submission.sh': [('edition="${1:-2021}"', 'edition="${{1:-{edition}}}"')],
@@ -72,6 +75,28 @@ REPLACED = {
         )
     ],
     'pyproject.toml': [('["mingpt-demo", "longrun"]', '["mingpt-demo"]')],
+    'colab.ipynb': [
+        (
+            "training this repository's code, our solution (a starter written by "
+            "grading/starter.py carries its own colab.ipynb, which trains the student's code).",
+            "training your code: this starter's folder, uploaded to Google Drive or cloned "
+            "there from your own repository. Use it for the full runs, once the learning "
+            "check (`python grading/learning_check.py`) passes.",
+        ),
+        (
+            "REPOSITORY = 'https://github.com/OWNER/REPOSITORY.git'  # this repository's URL",
+            "REPOSITORY = ''  # your own repository's URL",
+        ),
+        (
+            "EDITION = '2021'  # the handout you follow: '2021', '2023', '2024' or '2025'",
+            "EDITION = '{edition}'  # this starter's edition, fixed when it was written",
+        ),
+        (
+            "V = {'2021': 'synthesizer', '2023': 'perceiver'}.get(EDITION, 'rope')",
+            "V = '{variant}'",
+        ),
+        ("FLAGS = ' --bottleneck_dim 64' if V == 'perceiver' else ''", "FLAGS = '{flags}'"),
+    ],
 }
 # the files of one edition only
 EDITION_FILES = {'src/perceiver.py': '2023'}
@@ -116,7 +141,7 @@ pretraining shows that they train:
 
     python src/run.py pretrain vanilla wiki.txt --writing_params_path smoke.params --max_epochs 1
 
-## Does it learn? (about four minutes)
+## Does it train? (two to four minutes)
 
 Once every part is written, and before the hours of the full pretraining:
 
@@ -126,9 +151,23 @@ It first runs the grader's checks of the code that training runs (seconds), then
 run.py pretrains your {variant} model on the wiki.txt lines of 64 people, finetunes it on
 their birth-place questions and asks it the same questions, all on the CPU, and compares
 each stage with what a correct pipeline does there (its loss band, the questions it
-recalls); where one differs it says what to check. One epoch of the real pretraining
-answers no question, right or wrong, so the accuracy floors cannot tell this until the
-end.
+recalls); where one differs it says what to check. It shows that your pipeline trains as
+a correct one does, not what pretraining taught: finetuning learns those 64 questions by
+heart with or without it. One epoch of the real pretraining answers no question, so
+whether pretraining puts knowledge within reach of questions the finetuning never saw,
+only the full run tells (the commands below): a pretraining takes about 3 hours on a
+2-core CPU with bf16, up to about 8 on slower CPUs, about 2 minutes on a recent GPU (131 s
+on an H200).
+
+## The full runs on Colab
+
+After the learning check, for the full runs on a GPU: upload this folder to Google Drive
+(or push it to your own repository), open its colab.ipynb in Colab and set its first cell
+(FOLDER: where the folder is on Drive; REPOSITORY: your repository's URL, cloned into
+FOLDER only when FOLDER is absent); the data goes in FOLDER's data/. Its cells run your code
+through the commands below in order, with this edition's flags, in fp16 on a T4, keeping
+every output on Drive (after a disconnect, run them again: what exists is skipped, a
+training cut off goes on), and end with the grader's table. A T4's time: not measured.
 
 ## The handout's commands, in order
 
@@ -380,16 +419,26 @@ def handout_modules(entry_points=('run', 'dataset', 'utils')):
     return found
 
 
+def replacements(relative, edition):
+    """REPLACED's (old, new) pairs of one file, new written for the edition."""
+    variant, flags = VARIANTS[edition]
+    return [
+        (old, new.format(edition=edition, variant=variant, flags=flags))
+        for old, new in REPLACED.get(relative, [])
+    ]
+
+
 def starter_files(edition):
     """{relative path: text or None (copied as it is)} of the starter."""
     marked = {p for pattern in MARKED for p in ROOT.glob(pattern)}
     included = INCLUDED + [f'src/{name}.py' for name in handout_modules()]
+    year = '2024' if edition == '2025' else edition  # 2024 covers 2025
     files = {}
     for p in sorted(tracked_files()):
         relative = p.relative_to(ROOT).as_posix()
         if (
             relative in EXCLUDED
-            or EDITION_FILES.get(relative, edition) != ('2024' if edition == '2025' else edition)
+            or EDITION_FILES.get(relative, year) != year
             or not any(relative == name or relative.startswith(name + '/') for name in included)
         ):
             continue
@@ -397,11 +446,11 @@ def starter_files(edition):
         if p in marked:
             text = for_edition(p.read_text(encoding='utf-8'), edition)
             text = stubbed(text, stubs(text, edition))
-        for old, new in REPLACED.get(relative, []):
+        for old, new in replacements(relative, edition):
             text = p.read_text(encoding='utf-8') if text is None else text
             if text.count(old) != 1:
                 raise ValueError(f"{relative}: '{old}' should occur once")
-            text = text.replace(old, new.format(edition=edition))
+            text = text.replace(old, new)
         files[relative] = text
     return files
 

@@ -17,11 +17,14 @@ named for its file: perceiver.s1.pretrain.params is perceiver.s1.
 With --pretrain, the variants named are first pretrained by the handout's pretrain
 command, once per --pretrain_seeds, into --outdir as VARIANT.sSEED.pretrain.params
 (every variant's first seed before any second), each then finetuned and evaluated as a
---pretrained file is, while the next pretrainings run; --jobs runs several pretrainings
-at once (as processes of their own), which can share one GPU:
+--pretrained file is, while the next pretrainings run; --jobs runs several pretraining
+processes at once (on several GPUs each on one of its own, else sharing one), and --share
+K puts K pretrainings of one variant in one process, stepping together
+(machinery/shared_runs.py: each run's params its run alone's, within rounding):
 
     python research/grid.py --pretrain vanilla synthesizer rope perceiver \
-        --pretrain_seeds 0 1 2 3 4 --seeds 0 1 2 --outdir results/seeds --jobs 2
+        --pretrain_seeds 0 1 2 3 4 --seeds 0 1 2 --outdir results/seeds --jobs 2 \
+        --share 5 --precision fp32              # shared runs train in fp32 only
 
 Outputs go to --outdir: MODEL.METHOD.sSEED.params and its .dev/.test.predictions;
 grid.json records each run's settings, the md5 of the params it started from, the code's
@@ -52,10 +55,20 @@ import subprocess
 import sys
 import time
 
+import torch
+
 import plot
 import records
 import run
-from machinery import checks, devices, distributed, files, finetune_methods, params_files
+from machinery import (
+    checks,
+    devices,
+    distributed,
+    files,
+    finetune_methods,
+    params_files,
+    shared_runs,
+)
 
 
 def parse_method(text):
@@ -94,8 +107,15 @@ def parse_args(argv):
         '--pretrain_max_epochs', type=run.positive(int), help="cap pretraining at this"
     )
     argp.add_argument(
-        '--jobs', type=run.positive(int), default=1, help="pretrainings run at once (default 1)"
-    )
+        '--jobs', type=run.positive(int), default=1,
+        help="processes of pretraining at once, each on a GPU of its own where there are "
+        "several (default 1)",
+    )  # fmt: skip
+    argp.add_argument(
+        '--share', type=run.positive(int), default=1,
+        help="pretrainings of one variant that step together in one process "
+        "(machinery/shared_runs.py; default 1: each alone, as run.py)",
+    )  # fmt: skip
     argp.add_argument('--max_epochs', type=run.positive(int), help="cap finetuning at this")
     argp.add_argument('--finetune_lr', type=run.positive(float), help="default: run.py's")
     argp.add_argument('--lora_alpha', type=run.positive(float), help="default: run.py's")
@@ -262,63 +282,133 @@ def done_elsewhere(args, key, out, made_with, record):
 
 
 def pretrain_all(args, pretrainings, record, save):
-    """Runs the pretrainings whose params are missing, --jobs at once, each as run.py in
-    a process of its own (its output in PARAMS.log); yields each params file as it is
-    written (those that existed first). A stop (Ctrl-C, SIGTERM) reaches the running ones,
-    which save their resumable state; the same command then resumes them."""
+    """Runs the pretrainings whose params are missing, --jobs processes at once, each a
+    group of up to --share runs of one variant (group_runs): one run as run.py, several as
+    machinery/shared_runs.py, its output in a .log beside the params; yields each params
+    file as it is written (those that existed first). On several GPUs each process gets
+    a GPU of its own (gpu_for). A stop (Ctrl-C, SIGTERM) reaches the running ones, which
+    save their resumable states; the same command then resumes them."""
     code, machine = records.commit(), devices.describe(args.device)
-    waiting, running = [], {}  # running: process -> (key, params file, log, start)
+    missing = []
     for key, out, made_with, argv in pretrainings:
         if os.path.exists(out):
             print(f"== {key}: {out} exists, skipped")
             yield out
         else:
             record[key] = {'made_with': made_with, 'commit': code, 'machine': machine}
-            waiting.append((key, out, argv))
+            missing.append((key, out, argv))
     save()
+    waiting = group_runs(missing, args.share)
+    gpus = visible_gpus(args.device)
+    running = {}  # process -> (group, log, start, slot)
     try:
         while waiting or running:
             while waiting and len(running) < args.jobs:
-                key, out, argv = waiting.pop(0)
-                resuming = ['--resume'] if os.path.exists(out + '.resume') else []
-                command = [sys.executable, os.path.join(import_paths.ROOT, 'src', 'run.py'), *argv,
-                           '--writing_params_path', out, *resuming]  # fmt: skip
-                print(f"== {key}: {' '.join(command[1:])}", flush=True)
-                log = open(out.removesuffix('.params') + '.log', 'w', encoding='utf-8')
-                process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-                running[process] = (key, out, log, time.time())
+                group = waiting.pop(0)
+                slot = min(set(range(args.jobs)) - {r[3] for r in running.values()})
+                command, log_path = group_command(group)
+                env = gpu_for(slot, gpus)
+                where = f" (GPU {env['CUDA_VISIBLE_DEVICES']})" if env else ""
+                keys = ', '.join(key for key, _, _ in group)
+                print(f"== {keys}{where}: {' '.join(command[1:])}", flush=True)
+                log = open(log_path, 'w', encoding='utf-8')
+                process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                           env={**os.environ, **env} if env else None)  # fmt: skip
+                running[process] = (group, log, time.time(), slot)
             done = next((p for p in running if p.poll() is not None), None)
             if done is None:
                 time.sleep(0.5)
                 continue
-            key, out, log, start = running.pop(done)
+            group, log, start, _ = running.pop(done)
             log.close()
             if done.returncode != 0:
+                keys = ', '.join(key for key, _, _ in group)
                 raise files.UserError(
-                    f"{key}: run.py ended with status {done.returncode}; its output is in "
-                    f"{log.name}"
+                    f"{keys}: {'run.py' if len(group) == 1 else 'shared_runs.py'} ended with "
+                    f"status {done.returncode}; its output is in {log.name}"
                 )
             with open(log.name, encoding='utf-8') as f:
                 said = f.read()
-            entry = record[key]
-            entry['params_md5'] = records.md5(out)
-            entry['pretrain_seconds'] = time.time() - start
-            entry['at_once'] = len(running) + 1
-            loss = re.findall(r'final loss ([\d.]+)', said)
-            entry['final_loss'] = float(loss[-1]) if loss else None
-            save()
-            print(f"== {key}: written in {entry['pretrain_seconds']:.0f} s", flush=True)
-            yield out
+            for key, out, _ in group:
+                entry = record[key]
+                entry['params_md5'] = records.md5(out)
+                entry['pretrain_seconds'] = time.time() - start
+                entry['at_once'] = len(running) + 1  # processes
+                entry['shared'] = len(group)  # runs in its process
+                loss = re.findall(r'final loss ([\d.]+)', said)
+                if len(group) > 1:
+                    loss = re.findall(rf'final loss ([\d.]+); params written to {re.escape(out)}$',
+                                      said, re.M)  # fmt: skip
+                entry['final_loss'] = float(loss[-1]) if loss else None
+                save()
+                print(f"== {key}: written in {entry['pretrain_seconds']:.0f} s", flush=True)
+                yield out
     finally:
         for process in running:
             if process.poll() is None:
                 process.send_signal(signal.SIGINT)  # it saves its state, then ends
-        for process, (_, _, log, _) in running.items():
+        for process, (_, log, _, _) in running.items():
             try:
                 process.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 process.kill()
             log.close()
+
+
+def group_runs(pretrainings, share):
+    """[(key, params file, run.py argv)] in groups of up to `share` runs of one variant, in
+    the order their first runs come (every variant's first seeds before any later ones)."""
+    groups, open_group = [], {}
+    for item in pretrainings:
+        variant = item[2][1]
+        group = open_group.get(variant)
+        if group is None or len(group) == share:
+            group = open_group[variant] = []
+            groups.append(group)
+        group.append(item)
+    return groups
+
+
+def group_command(group):
+    """(command, log file) of a group: run.py for one run, shared_runs.py for several
+    (run.py's argv less --seed, with each run's seed and params file), --resume where a
+    run left a state."""
+    resuming = ['--resume'] if any(os.path.exists(out + '.resume') for _, out, _ in group) else []
+    if len(group) == 1:
+        _, out, argv = group[0]
+        command = [sys.executable, os.path.join(import_paths.ROOT, 'src', 'run.py'), *argv,
+                   '--writing_params_path', out, *resuming]  # fmt: skip
+        return command, out.removesuffix('.params') + '.log'
+    argv = group[0][2]
+    at = argv.index('--seed')
+    seeds = [a[2][at + 1] for a in group]
+    outs = [out for _, out, _ in group]
+    command = [sys.executable, os.path.join(import_paths.ROOT, 'src', 'machinery',
+                                            'shared_runs.py'),
+               *argv[:at], *argv[at + 2:], '--seeds', *seeds, '--writing_params_paths', *outs,
+               *resuming]  # fmt: skip
+    first = outs[0].removesuffix('.params').removesuffix('.pretrain')
+    log = f"{first.rpartition('.s')[0]}.s{'+'.join(seeds)}.pretrain.log"
+    return command, log
+
+
+def visible_gpus(device):
+    """The GPUs a process may be given: CUDA_VISIBLE_DEVICES's entries, else every GPU
+    torch counts; none off CUDA."""
+    if device != 'cuda':
+        return []
+    visible = os.environ.get('CUDA_VISIBLE_DEVICES')
+    if visible is not None:
+        return [g for g in visible.split(',') if g.strip()]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def gpu_for(slot, gpus):
+    """The environment of the process in --jobs slot `slot`: on several GPUs, one of its
+    own (slots beyond the GPUs share them in turn); else nothing changed."""
+    if len(gpus) < 2:
+        return {}
+    return {'CUDA_VISIBLE_DEVICES': gpus[slot % len(gpus)]}
 
 
 # --- The report ---------------------------------------------------------------------------
@@ -503,6 +593,10 @@ def main(argv=None):
         device = args.device = devices.pick_device(args.device)
         # recorded as what they are here, not as 'auto'
         args.precision = devices.training_precision(args.precision, device)
+        if args.pretrain and args.share > 1 and args.precision != 'fp32':
+            raise files.UserError(
+                f"--share {args.share}: " + shared_runs.PRECISION_REFUSED.format(args.precision)
+            )
         record = (
             run_all(args)
             if args.pretrained or args.pretrain

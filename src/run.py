@@ -125,6 +125,7 @@ def parse_args(argv=None):
     add_overrides(argp.add_argument_group("overrides (defaults: the handout's settings)"))
     args = argp.parse_args(argv)
     args.edition = args.edition or DEFAULT_EDITION or VARIANT_EDITION[args.variant]
+    args.finetune_lr_given = args.finetune_lr is not None
     if args.finetune_lr is None:
         args.finetune_lr = finetune_methods.LEARNING_RATES[args.finetune_method]
     return args
@@ -417,13 +418,17 @@ def phase_name(args):
 
 
 def add_settings(config, args, device):
-    """This codebase's settings, added to the handout's in config: --max_epochs and
-    --batch_size override the handout's, and the rest are off in a plain TrainerConfig
-    (device, precision, compiled and graphed steps, resumable state, metrics,
-    TensorBoard, checkpoints)."""
+    """This codebase's settings, added to the handout's in config: --max_epochs,
+    --batch_size and a --finetune_lr given override the handout's, and the rest are off in
+    a plain TrainerConfig (device, precision, compiled and graphed steps, resumable state,
+    metrics, TensorBoard, checkpoints)."""
     for name in ('max_epochs', 'batch_size'):
         if getattr(args, name) is not None:
             setattr(config, name, getattr(args, name))
+    # a finetune that writes the handout's 6e-4 where it could read args.finetune_lr still
+    # trains at the rate given (the learning check gives its own)
+    if args.function == 'finetune' and getattr(args, 'finetune_lr_given', False):
+        config.learning_rate = args.finetune_lr
     path = args.writing_params_path
     config.precision = devices.training_precision(args.precision, device)
     config.device = device

@@ -162,8 +162,8 @@ def test_each_edition_stubs_its_parts_and_a_completed_starter_is_our_code(editio
                 completed.extend(next(lines))
             else:
                 completed.append(line)
-        for old, new in starter.REPLACED.get(relative, []):
-            ours = ours.replace(old, new.format(edition=edition))
+        for old, new in starter.replacements(relative, edition):
+            ours = ours.replace(old, new)
         assert '\n'.join(completed) == ours, relative
     for relative, words in expected:
         assert any(f == relative and w.startswith(words) for f, w in found), (words, found)
@@ -388,6 +388,7 @@ MISTAKES = {
             "(e) span corruption: prefix MASK suffix MASK masked, then PAD",
             "(e) span corruption: y is x shifted by one",
             "(e) span corruption: the masked length",
+            "(e) span corruption: the masked span's place varies",
         },
     ),
     'rope_cache not cut to T': (
@@ -408,6 +409,27 @@ MISTAKES = {
         '            v = apply_rotary_emb(v, self.rope_cache)\n',
         '2024',
         {"(g) CausalSelfAttention with rope: q and k rotated"},
+    ),
+    'the masked span always at the start': (
+        'src/dataset.py',
+        'start = random.randint(0, n - masked_len)',
+        'start = 0',
+        '2021',
+        {"(e) span corruption: the masked span's place varies"},
+    ),
+    'the masked span always ending at the end': (
+        'src/dataset.py',
+        'start = random.randint(0, n - masked_len)',
+        'start = n - masked_len',
+        '2024',
+        {"(e) span corruption: the masked span's place varies"},
+    ),
+    'the masked span at a fixed offset': (
+        'src/dataset.py',
+        'start = random.randint(0, n - masked_len)',
+        'start = min(2, n - masked_len)',
+        '2023',
+        {"(e) span corruption: the masked span's place varies"},
     ),
     'new_model without the synthesizer': (
         'src/run.py',
@@ -466,16 +488,36 @@ OTHER_SPANS = """document = self.data[idx]
 """
 
 
+# One more, read from several public solutions: the start drawn from 1 to L - m - 1, so that
+# neither the prefix nor the suffix is ever empty (where the document leaves room)
+INNER_SPANS = OTHER_SPANS.replace(
+    'start = random.randint(0, n - masked_len)',
+    'start = random.randint(1, n - masked_len - 1) if n - masked_len >= 2 else 0',
+).replace(' + self.MASK_CHAR\n', '\n')
+
+
+def span_body(implementation):
+    """The body of __getitem__ of each correct span corruption, indented as in dataset.py."""
+    if implementation == 'textbook':
+        import test_textbook
+
+        lines = test_textbook.GETITEM.strip('\n').split('\n')
+        return '\n'.join(lines[:1] + ['        ' + line for line in lines[1:]]) + '\n'
+    return {'another': OTHER_SPANS, 'inner': INNER_SPANS}[implementation]
+
+
 @pytest.mark.parametrize('seed', [1, 2, 3])
-@pytest.mark.parametrize('implementation', ['ours', 'another'])
+@pytest.mark.parametrize('implementation', ['ours', 'another', 'inner', 'textbook'])
 def test_correct_span_corruption_passes_whatever_the_draws(
     ours, tmp_path, monkeypatch, implementation, seed
 ):
     submission = ours
-    if implementation == 'another':
+    if implementation != 'ours':
         text = (ours / 'src' / 'dataset.py').read_text()
         body = text[text.index('document = self.data[idx]') : text.index('\n\n\nclass NameDataset')]
-        submission = planted(ours, tmp_path / 'copy', 'src/dataset.py', body + '\n', OTHER_SPANS)
+        submission = planted(
+            ours, tmp_path / 'copy', 'src/dataset.py', body + '\n', span_body(implementation)
+        )
     monkeypatch.setattr(grade, 'SPAN_SEED', seed)
     names = {n for n, _ in grade.tests_for('2021', False) if n.startswith('(e)')}
     rows = grade.grade(submission, '2021', ROOT / 'data', only=names)

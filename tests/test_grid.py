@@ -267,3 +267,120 @@ def test_pretraining_seeds_run_at_once_stop_and_go_on(tiny, monkeypatch, capsys)
     assert 'p/vanilla.s0.pretrain.params was made with other settings (grid.json): ' in (
         capsys.readouterr().err
     )
+
+
+def test_pretrainings_share_processes_in_groups_of_one_variant():
+    """--share 2 over two variants and three seeds: each variant's seeds two to a process,
+    every variant's first seeds first; a group's command is shared_runs.py with each run's
+    seed and params file, one run's is run.py as before."""
+    args = grid.parse_args(['--pretrain', 'vanilla', 'rope', '--pretrain_seeds', '0', '1', '2',
+                            '--outdir', 'o', '--device', 'cpu', '--precision', 'fp32',
+                            '--pretrain_max_epochs', '3', '--share', '2'])  # fmt: skip
+    runs = [(key, out, argv) for key, out, _, argv in grid.pretraining_runs(args)]
+    groups = grid.group_runs(runs, args.share)
+    assert [[key for key, _, _ in g] for g in groups] == [
+        ['vanilla.s0 pretrain', 'vanilla.s1 pretrain'], ['rope.s0 pretrain', 'rope.s1 pretrain'],
+        ['vanilla.s2 pretrain'], ['rope.s2 pretrain'],
+    ]  # fmt: skip
+    command, log = grid.group_command(groups[1])
+    assert command[1].endswith('src/machinery/shared_runs.py')
+    assert command[2:] == ['pretrain', 'rope', 'wiki.txt', '--device', 'cpu', '--precision',
+                           'fp32', '--max_epochs', '3', '--seeds', '0', '1',
+                           '--writing_params_paths', 'o/rope.s0.pretrain.params',
+                           'o/rope.s1.pretrain.params']  # fmt: skip
+    assert log == 'o/rope.s0+1.pretrain.log'
+    command, log = grid.group_command(groups[2])
+    assert command[1].endswith('src/run.py') and command[-2:] == [
+        '--writing_params_path', 'o/vanilla.s2.pretrain.params'
+    ]  # fmt: skip
+    assert log == 'o/vanilla.s2.pretrain.log'
+    assert grid.group_runs(runs, 1) == [[r] for r in runs]  # the default: each alone
+
+
+def test_shared_pretrainings_in_bf16_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        grid.main(['--pretrain', 'vanilla', '--share', '2', '--precision', 'bf16',
+                   '--device', 'cpu', '--outdir', str(tmp_path)])  # fmt: skip
+    assert stopped.value.code == 2
+    assert 'error: --share 2: --precision bf16: runs that share a process train in fp32 only' in (
+        capsys.readouterr().err
+    )
+
+
+def test_jobs_get_a_gpu_each_on_several(tmp_path, monkeypatch):
+    """--jobs on a host with two GPUs (simulated): each process its own GPU, a freed one
+    given to the next, more jobs than GPUs in turn; one GPU, or none, changes nothing; a
+    CUDA_VISIBLE_DEVICES already set is what is shared out. grid.json records how many
+    runs shared each process."""
+    monkeypatch.setattr(grid.torch.cuda, 'device_count', lambda: 2)
+    monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
+    assert grid.visible_gpus('cuda') == ['0', '1'] and grid.visible_gpus('cpu') == []
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '3,5')
+    assert grid.visible_gpus('cuda') == ['3', '5']
+    assert [grid.gpu_for(slot, ['3', '5']) for slot in range(3)] == [
+        {'CUDA_VISIBLE_DEVICES': g} for g in ('3', '5', '3')
+    ]
+    assert grid.gpu_for(1, ['0']) == {} and grid.gpu_for(0, []) == {}
+
+    started = []
+
+    class Process:
+        """A pretraining that writes its params and ends at its second poll."""
+
+        def __init__(self, command, stdout, stderr, env):
+            self.command, self.env, self.polls, self.returncode = command, env, 0, None
+            self.running_then = sum(p.returncode is None for p in started)
+            started.append(self)
+            at = command.index('--writing_params_paths') if '--seeds' in command else None
+            self.outs = (
+                command[at + 1 :] if at else [command[command.index('--writing_params_path') + 1]]
+            )
+
+        def poll(self):
+            self.polls += 1
+            if self.polls >= 2:
+                for out in self.outs:
+                    with open(out, 'w') as f:
+                        f.write(out)
+                self.returncode = 0
+            return self.returncode
+
+    monkeypatch.setattr(grid.records, 'commit', lambda: 'abc')
+    monkeypatch.setattr(grid.subprocess, 'Popen', Process)
+    monkeypatch.setattr(grid.time, 'sleep', lambda s: None)
+    monkeypatch.setattr(grid.devices, 'describe', lambda device: 'two GPUs')
+    monkeypatch.delenv('CUDA_VISIBLE_DEVICES')
+    args = grid.parse_args(['--pretrain', 'vanilla', '--pretrain_seeds', '0', '1', '2', '3', '4',
+                            '--outdir', str(tmp_path), '--device', 'cuda', '--precision', 'bf16',
+                            '--jobs', '2', '--share', '2'])  # fmt: skip
+    record = {}
+    written = list(grid.pretrain_all(args, grid.pretraining_runs(args), record, lambda: None))
+    assert len(written) == 5
+    # the third waits for the first, which ends first, and takes its GPU
+    assert [p.env['CUDA_VISIBLE_DEVICES'] for p in started] == ['0', '1', '0']
+    assert [p.running_then for p in started] == [0, 1, 1]
+    assert [len(p.outs) for p in started] == [2, 2, 1]
+    assert [record[f'vanilla.s{s} pretrain']['shared'] for s in range(5)] == [2, 2, 2, 2, 1]
+
+
+@pytest.mark.slow
+def test_pretrainings_that_share_a_process_are_finetuned_as_any(tiny, monkeypatch, capsys):
+    """--share 2: vanilla's two seeds pretrained in one shared_runs.py process, each
+    params file then finetuned and evaluated; grid.json records that two shared."""
+    monkeypatch.chdir(tiny)
+    argv = ['--pretrain', 'vanilla', '--pretrain_seeds', '0', '1', '--seeds', '0',
+            '--pretrain_max_epochs', '2', '--max_epochs', '1', '--pretrain_corpus_path',
+            'wiki.txt', '--finetune_corpus_path', 'train.tsv', '--eval_corpus_path', 'dev.tsv',
+            '--test_corpus_path', 'test.tsv', '--outdir', 'p', '--device', 'cpu',
+            '--precision', 'fp32', '--share', '2']  # fmt: skip
+    grid.main(argv)
+    assert 'shared_runs.py pretrain vanilla wiki.txt' in capsys.readouterr().out
+    record = json.loads((tiny / 'p' / 'grid.json').read_text())
+    for seed in (0, 1):
+        entry = record[f'vanilla.s{seed} pretrain']
+        assert entry['shared'] == 2 and entry['final_loss'] > 0
+        assert record[f'vanilla.s{seed} full s0']['dev_total'] == 4
+    assert (
+        record['vanilla.s0 pretrain']['final_loss'] != record['vanilla.s1 pretrain']['final_loss']
+    )
+    assert 'pretrain done: 2 steps' in (tiny / 'p' / 'vanilla.s0+1.pretrain.log').read_text()

@@ -218,8 +218,9 @@ def test_each_classic_mistake_is_stopped_in_seconds(tmp_path, capsys, edition, m
 @pytest.mark.slow
 @pytest.mark.parametrize('edition, seed', [('2021', 1), ('2024', 2)])
 def test_a_textbook_pipeline_learns(tmp_path, capsys, edition, seed):
-    """Four minutes each on a 2-core CPU: every stage within a correct pipeline's figures."""
+    """About two minutes each on a 2-core CPU: every stage within a correct pipeline's
+    figures."""
     folder = textbook_starter(edition, tmp_path / 'starter')
     assert lc.main([str(folder), '--seed', str(seed)]) == 0
     out = capsys.readouterr().out
-    assert out.count(' -- ok') == 3 and 'Your pipeline learns as a correct one does.' in out
+    assert out.count(' -- ok') == 3 and 'Your pipeline trains as a correct one does.' in out

@@ -39,3 +39,52 @@ def test_a_command_past_the_budget_is_cut_off(tmp_path):
     assert not ok and 7 < seconds < 12 and 'started' in text
     assert (tmp_path / 'slow.log').read_text() == text
     assert m.run([sys.executable, '-c', 'pass'], 'late') == ('', 0.0, False)  # no time left
+
+
+def test_sharing_commands_and_their_rates(tmp_path):
+    """--sharing: one alone (graphed and eager on CUDA), two at once, K in one process;
+    runs per minute from a command's wall clock and from its runs' tokens/s, scaled to
+    the handout's whole pretraining (650 x 23 steps of 128 x 127 targets)."""
+    args = measure_gpu.parse_args(['--out', str(tmp_path), '--sharing', '--share_counts', '1', '4'])
+    commands = measure_gpu.sharing_commands(args, tmp_path)
+    assert [(name, runs) for name, _, runs in commands] == [
+        ('one alone, CUDA graphs', 1), ('one alone, eager', 1),
+        ('two alone at once (--jobs 2)', 2), ('1 sharing one process (--share 1)', 1),
+        ('4 sharing one process (--share 4)', 4),
+    ]  # fmt: skip
+    assert commands[0][1][1:10] == ['src/run.py', 'pretrain', 'vanilla', 'wiki.txt',
+                                    '--max_epochs', '20', '--precision', 'fp32', '--seed']  # fmt: skip
+    assert commands[1][1][-1] == '--eager'
+    pair = commands[2][1][2]
+    assert pair.count('src/run.py') == 2 and pair.endswith('& wait') and '--seed 1 ' in pair
+    shared = commands[4][1]
+    assert shared[1] == 'src/machinery/shared_runs.py'
+    assert shared[shared.index('--seeds') :][:5] == ['--seeds', '0', '1', '2', '3']
+    assert len(shared) - shared.index('--writing_params_paths') - 1 == 4
+    cpu = measure_gpu.parse_args(
+        ['--out', 'x', '--sharing', '--device', 'cpu', '--max_epochs', '1']
+    )
+    names = [name for name, _, _ in measure_gpu.sharing_commands(cpu, tmp_path)]
+    assert names[0] == 'one alone' and 'one alone, eager' not in names
+
+    rate = 14950 * 128 * 127 / 120  # a whole pretraining in 2 minutes
+    text = ''.join(f"pretrain done: 460 steps in 0m05s ({rate:,.0f} tokens/s), final loss 2.0; "
+                   f"params written to s{i}.params\n" for i in range(2))  # fmt: skip
+    assert (
+        measure_gpu.runs_per_minute(text, 30.0, 2)
+        == '4.00/min (process), 1.00/min (loop, 650 epochs)'
+    )
+    assert measure_gpu.runs_per_minute(text, 30.0, 3) == '- (of 3 runs, 2 finished)'
+
+
+@pytest.mark.slow
+def test_sharing_measured_on_the_cpu(tiny, tmp_path):
+    """The whole --sharing measurement, one epoch of the tiny corpus on the CPU."""
+    out = tmp_path / 'share'
+    measure_gpu.main(['--out', str(out), '--sharing', '--device', 'cpu', '--precision', 'fp32',
+                      '--max_epochs', '1', '--share_counts', '2', '--corpus',
+                      str(tiny / 'wiki.txt')])  # fmt: skip
+    rows = dict(re.findall(r'^\| ([^|]+) \| ([^|]*) \|$', (out / 'table.md').read_text(), re.M))
+    for name in ('one alone', 'two alone at once (--jobs 2)', '2 sharing one process (--share 2)'):
+        assert re.fullmatch(r'[\d.]+/min \(process\), [\d.]+/min \(loop, 650 epochs\)', rows[name])
+    assert (out / 's2.s1.params').exists() and (out / 'j1.params').exists()

@@ -177,6 +177,21 @@ def test_each_phase_trains_with_the_handouts_schedule(real_data, tmp_path, captu
         ), phase
 
 
+def test_a_finetune_lr_given_overrides_the_rate_the_phase_writes(tmp_path):
+    """--finetune_lr, when given, is the rate finetuning trains at even where the phase's
+    code writes the handout's 6e-4 (as the 2021 handout has it); not given, the phase's
+    own rate stands, whatever it is."""
+    common = ['finetune', 'vanilla', 'wiki.txt', '--writing_params_path', 'x.params']
+    for argv, expected in (([], 5e-4), (['--finetune_lr', '3e-3'], 3e-3)):
+        config = trainer.TrainerConfig(learning_rate=5e-4)
+        run.add_settings(config, run.parse_args(common + argv), 'cpu')
+        assert config.learning_rate == expected, argv
+    config = trainer.TrainerConfig(learning_rate=6e-3)
+    pretrain = ['pretrain', *common[1:], '--finetune_lr', '3e-3']
+    run.add_settings(config, run.parse_args(pretrain), 'cpu')
+    assert config.learning_rate == 6e-3
+
+
 def test_same_seed_same_params_other_seed_other_params(tiny):
     def params(seed, name):
         assert (

@@ -7,13 +7,14 @@ GPU tests; and the other variants' steps.
 
     python tools/measure_gpu.py --out gpu_run                    # an H100 or H200: 5 minutes
     python tools/measure_gpu.py --out gpu_run --precision fp16   # a T4 (Colab)
+    python tools/measure_gpu.py --out gpu_share --sharing --budget 240   # 4 minutes
 
-Every command runs as printed (`python src/run.py ...`, each in its own process), its
-output kept in --out beside the params and predictions; the table is written to
---out/table.md after each row, and printed at the end. --budget stops the run in time:
-each command gets what is left of it, and a command cut off is a row that says so.
---max_epochs shortens the pretraining (a first try; with --finetune_max_epochs,
---device cpu and --skip_tests the suite runs it on the CPU).
+--sharing measures instead how many pretrainings a GPU makes a minute, in fp32 (the
+precision runs that share a process take): one alone (CUDA graphs, and eager), two alone
+at once (grid.py --jobs 2), and K runs stepping together in one process
+(machinery/shared_runs.py, grid.py --share K) for each --share_counts, each --max_epochs
+long (default 20), as runs per minute of the whole process and of the training loop,
+extrapolated to the handout's 650 epochs.
 """
 
 import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
@@ -213,6 +214,65 @@ def measure(args):
     return m.table()
 
 
+# What one of the handout's vanilla pretrainings trains on: 650 epochs of 23 steps of
+# 128 rows of 127 targets (its 2021 edition pads to the block size, 128).
+HANDOUT_EPOCHS, HANDOUT_STEPS, HANDOUT_ROWS, HANDOUT_T = 650, 650 * 23, 128, 127
+SHARING_EPOCHS = 20
+
+
+def sharing_commands(args, out):
+    """[(row name, command, runs it makes)] of --sharing: the vanilla pretraining, alone
+    (graphed and eager on CUDA), two alone at once, and K sharing one process."""
+    epochs = str(args.max_epochs or SHARING_EPOCHS)
+    common = ['pretrain', 'vanilla', args.corpus, '--max_epochs', epochs]
+    common += ['--device', args.device] if args.device else []
+    # fp32 throughout: shared runs train in fp32 only (shared_runs.PRECISION_REFUSED)
+    common += ['--precision', args.precision or 'fp32']
+    alone = [PYTHON, 'src/run.py', *common, '--seed', '0', '--writing_params_path']
+    gpu = (args.device or 'cuda') == 'cuda'
+    commands = [
+        ('one alone' + (', CUDA graphs' if gpu else ''), alone + [str(out / 'a.params')], 1)
+    ]
+    if gpu:
+        commands.append(('one alone, eager', alone + [str(out / 'e.params'), '--eager'], 1))
+    pair = ' & '.join(
+        shlex.join([*alone[:-2], str(seed), alone[-1], str(out / f'j{seed}.params')])
+        for seed in (0, 1)
+    )
+    commands.append(('two alone at once (--jobs 2)', ['sh', '-c', f'{pair} & wait'], 2))
+    for k in args.share_counts:
+        seeds = [str(seed) for seed in range(k)]
+        paths = [str(out / f's{k}.s{seed}.params') for seed in seeds]
+        command = [PYTHON, 'src/machinery/shared_runs.py', *common, '--seeds', *seeds,
+                   '--writing_params_paths', *paths]  # fmt: skip
+        commands.append((f'{k} sharing one process (--share {k})', command, k))
+    return commands
+
+
+def runs_per_minute(text, seconds, runs):
+    """'W/min (process), L/min (loop, 650 epochs)' of a sharing command's output: runs per
+    minute of its wall clock, and of its training loops' rate extrapolated to the
+    handout's pretraining (each run's tokens/s, summed); '-' for what it lacks."""
+    done = re.findall(r'pretrain done: (\d+) steps in \S+ \(([\d,]+) tokens/s\)', text)
+    if len(done) < runs or not seconds:
+        return f"- (of {runs} runs, {len(done)} finished)"
+    per_run = HANDOUT_STEPS * HANDOUT_ROWS * HANDOUT_T  # targets of one whole pretraining
+    loop = sum(60 * int(rate.replace(',', '')) / per_run for _, rate in done[:runs])
+    return f"{60 * runs / seconds:.2f}/min (process), {loop:.2f}/min (loop, 650 epochs)"
+
+
+def measure_sharing(args):
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    m = Measurement(out, args.budget)
+    m.add('runs per minute of', 'whole processes (short runs); training loops, extrapolated')
+    for index, (name, command, runs) in enumerate(sharing_commands(args, out)):
+        text, seconds, ok = m.run(command, f'sharing{index}')
+        m.add(name, runs_per_minute(text, seconds, runs) if ok else '- (failed or cut off)')
+    print('\n' + m.table())
+    return m.table()
+
+
 def parse_args(argv):
     argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     argp.add_argument('--out', required=True, help="folder for the logs, params and table")
@@ -237,11 +297,20 @@ def parse_args(argv):
         help="the other variants whose step bench.py times (default: all three)",
     )
     argp.add_argument('--budget', type=float, help="seconds for the whole measurement")
+    argp.add_argument(
+        '--sharing', action='store_true', help="measure pretrainings per minute instead (above)"
+    )
+    argp.add_argument(
+        '--share_counts', nargs='+', type=int, default=[1, 2, 4, 5],
+        help="with --sharing: the K runs per process measured (default 1 2 4 5)",
+    )  # fmt: skip
+    argp.add_argument('--corpus', default='wiki.txt', help="with --sharing: the corpus")
     return argp.parse_args(argv)
 
 
 def main(argv=None):
-    measure(parse_args(argv))
+    args = parse_args(argv)
+    (measure_sharing if args.sharing else measure)(args)
 
 
 if __name__ == '__main__':

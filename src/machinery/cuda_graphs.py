@@ -64,50 +64,111 @@ def pad_rows(x, y, rows):
 class Captured:
     """One batch shape's graph: its static inputs and the loss it writes."""
 
-    def __init__(self, x, y):
-        self.x = torch.empty_like(x)  # (b, T) on the device
-        self.y = torch.empty_like(y)  # (b, T)
-        self.loss = None  # () the step's loss, overwritten by each replay
+    def __init__(self, inputs):
+        self.inputs = [torch.empty_like(t) for t in inputs]  # x, y (b, T), ... on the device
+        self.loss = None  # the step's loss, overwritten by each replay
         self.graph = None  # torch.cuda.CUDAGraph, or None without capture
 
 
-class GraphedStep:
-    """trainer's step on a batch (x, y): eager for the first WARMUP steps, then replayed
-    from the graph of the batch's shape (captured the first time that shape comes)."""
+class Graphs:
+    """A training step `step_on(*inputs)` (device tensors in, the loss out, the optimizer's
+    step inside) eager for the first WARMUP steps and each batch shape's first, then
+    replayed from the graph of the inputs' shape (captured the first time that shape
+    comes). A subclass gives step_on, `optimizer` and `device`."""
+
+    def __init__(self, device):
+        self.capture = device == 'cuda'
+        self.eager_left = WARMUP
+        self.seen = set()  # the batch shapes stepped on eagerly
+        self.captured = {}  # the first input's shape -> Captured
+        self.lr = None  # the device tensor AdamW reads its learning rate from
+
+    def replayed(self, *inputs):
+        """The loss of one training step on the device tensors `inputs`."""
+        self.make_lr_a_tensor()
+        shape = tuple(inputs[0].shape)
+        if self.eager_left or shape not in self.seen:
+            self.eager_left = max(0, self.eager_left - 1)
+            self.seen.add(shape)
+            return self.eager_step(inputs)
+        if shape not in self.captured:
+            self.captured[shape] = self.capture_step(inputs)
+        step = self.captured[shape]
+        for static, value in zip(step.inputs, inputs):
+            static.copy_(value, non_blocking=True)
+        if step.graph is not None:
+            step.graph.replay()
+        else:
+            step.loss = self.step_on(*step.inputs)
+        return step.loss.clone()  # the next replay overwrites step.loss
+
+    def eager_step(self, inputs):
+        if not self.capture:
+            return self.step_on(*inputs)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            loss = self.step_on(*inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        return loss
+
+    def capture_step(self, inputs):
+        """The graph of the step on inputs of these shapes (recorded, not run: the caller
+        fills its inputs and replays it)."""
+        step = Captured(inputs)
+        if not self.capture:
+            return step
+        for group in self.optimizer.param_groups:
+            group['capturable'] = True
+        torch.cuda.synchronize()
+        step.graph = torch.cuda.CUDAGraph()
+        self.optimizer.zero_grad(set_to_none=True)  # the graph allocates its gradients
+        try:
+            with torch.cuda.graph(step.graph):
+                step.loss = self.step_on(*step.inputs)
+        except RuntimeError as e:  # the first error's line: ending the capture raises its own
+            # a failed capture leaves CUDA's random generator unusable in this process
+            raise UserError(
+                f"the training step cannot be replayed from a CUDA graph "
+                f"({devices.first_cause(e)}); run the command again with --eager"
+            ) from e
+        return step
+
+    def make_lr_a_tensor(self):
+        """AdamW's learning rate as a device tensor (the schedule writes it)."""
+        if self.lr is not None:
+            return
+        optimizer = self.optimizer
+        lr = optimizer.param_groups[0]['lr']
+        # fp32 where the fused CUDA kernel reads it; the CPU's AdamW computes with it, in
+        # the double precision it gives a Python number
+        dtype = torch.float32 if self.capture else torch.float64
+        self.lr = torch.tensor(float(lr), dtype=dtype, device=self.device)
+        for group in optimizer.param_groups:
+            group['lr'] = self.lr
+
+
+class GraphedStep(Graphs):
+    """trainer's step on a batch (x, y), replayed from CUDA graphs (Graphs)."""
 
     def __init__(self, trainer):
         config = trainer.config
         check(trainer.device, trainer.world_size, stand_in=True)
-        self.trainer = trainer
-        self.capture = trainer.device == 'cuda'
+        super().__init__(trainer.device)
+        self.trainer, self.device = trainer, trainer.device
         self.rows = min(config.batch_size, len(trainer.train_dataset))  # a full batch's
-        self.eager_left = WARMUP
-        self.seen = set()  # the batch shapes stepped on eagerly
-        self.captured = {}  # (b, T) -> Captured
-        self.lr = None  # the device tensor AdamW reads its learning rate from
+
+    @property
+    def optimizer(self):
+        return self.trainer.optimizer
 
     def __call__(self, x, y):
         """The loss of one training step on the CPU batch (x, y); the model is updated."""
         trainer = self.trainer
-        self.make_lr_a_tensor()
         if devices.is_compiled(trainer.model):  # one shape, one compilation
             x, y = pad_rows(x, y, self.rows)
         x, y = trainer.to_device(x, y)
-        shape = tuple(x.shape)
-        if self.eager_left or shape not in self.seen:
-            self.eager_left = max(0, self.eager_left - 1)
-            self.seen.add(shape)
-            return self.eager_step(x, y)
-        if shape not in self.captured:
-            self.captured[shape] = self.capture_step(x, y)
-        step = self.captured[shape]
-        step.x.copy_(x, non_blocking=True)
-        step.y.copy_(y, non_blocking=True)
-        if step.graph is not None:
-            step.graph.replay()
-        else:
-            step.loss = self.step_on(step.x, step.y)
-        return step.loss.clone()  # the next replay overwrites step.loss
+        return self.replayed(x, y)
 
     def step_on(self, x, y):
         """The trainer's step on the device batch (x, y), as Trainer.loss and update do
@@ -118,48 +179,3 @@ class GraphedStep:
             loss = trainer.model(x, y)[1]
         trainer.update(loss)
         return loss.detach()
-
-    def eager_step(self, x, y):
-        if not self.capture:
-            return self.step_on(x, y)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            loss = self.step_on(x, y)
-        torch.cuda.current_stream().wait_stream(side)
-        return loss
-
-    def capture_step(self, x, y):
-        """The graph of the step on batches of x's shape (recorded, not run: the caller
-        fills its inputs and replays it)."""
-        step = Captured(x, y)
-        if not self.capture:
-            return step
-        for group in self.trainer.optimizer.param_groups:
-            group['capturable'] = True
-        torch.cuda.synchronize()
-        step.graph = torch.cuda.CUDAGraph()
-        self.trainer.model.zero_grad(set_to_none=True)  # the graph allocates its gradients
-        try:
-            with torch.cuda.graph(step.graph):
-                step.loss = self.step_on(step.x, step.y)
-        except RuntimeError as e:  # the first error's line: ending the capture raises its own
-            # a failed capture leaves CUDA's random generator unusable in this process
-            raise UserError(
-                f"the training step cannot be replayed from a CUDA graph "
-                f"({devices.first_cause(e)}); run the command again with --eager"
-            ) from e
-        return step
-
-    def make_lr_a_tensor(self):
-        """AdamW's learning rate as a device tensor (Trainer.set_lr writes it)."""
-        if self.lr is not None:
-            return
-        optimizer = self.trainer.optimizer
-        lr = optimizer.param_groups[0]['lr']
-        # fp32 where the fused CUDA kernel reads it; the CPU's AdamW computes with it, in
-        # the double precision it gives a Python number
-        dtype = torch.float32 if self.capture else torch.float64
-        self.lr = torch.tensor(float(lr), dtype=dtype, device=self.trainer.device)
-        for group in optimizer.param_groups:
-            group['lr'] = self.lr

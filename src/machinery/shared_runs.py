@@ -495,83 +495,27 @@ class SharedRuns:
             t.save_checkpoint(epoch)
 
 
-class GraphedSharedStep:
-    """SharedRuns.step_on replayed from CUDA graphs, as cuda_graphs.GraphedStep replays a
-    run alone's step: the first WARMUP steps and each batch shape's first eager (on a side
-    stream), then one graph per shape, its batch and masks copied into static buffers, the
-    learning rate a device tensor AdamW reads (fused and capturable). The masks are drawn
-    before, eagerly, from each run's own state: the graph holds no random draw. On the CPU
-    each "replay" is a plain call on the same static buffers (the tests' stand-in)."""
+class GraphedSharedStep(cuda_graphs.Graphs):
+    """SharedRuns.step_on replayed from CUDA graphs (cuda_graphs.Graphs, as a run alone's
+    step is), the batch and each dropout site's masks the graph's inputs. The masks are
+    drawn before, eagerly, from each run's own state: the graph holds no random draw. On
+    the CPU each "replay" is a plain call on the same static buffers (the tests' stand-in)."""
 
     def __init__(self, group):
         cuda_graphs.check(group.device, 1, stand_in=True)
-        self.group = group
-        self.capture = group.device == 'cuda'
-        self.eager_left = cuda_graphs.WARMUP
-        self.seen = set()  # the batch shapes stepped on eagerly
-        self.captured = {}  # (K, b, T) -> Captured, with .masks its static masks
-        self.lr = None
+        super().__init__(group.device)
+        self.group, self.device = group, group.device
+
+    @property
+    def optimizer(self):
+        return self.group.optimizer
 
     def __call__(self, x, y, masks):
-        self.make_lr_a_tensor()
-        shape = tuple(x.shape)
-        if self.eager_left or shape not in self.seen:
-            self.eager_left = max(0, self.eager_left - 1)
-            self.seen.add(shape)
-            return self.eager_step(x, y, masks)
-        if shape not in self.captured:
-            self.captured[shape] = self.capture_step(x, y, masks)
-        step = self.captured[shape]
-        step.x.copy_(x, non_blocking=True)
-        step.y.copy_(y, non_blocking=True)
-        for static, mask in zip(step.masks, masks):
-            static.copy_(mask, non_blocking=True)
-        if step.graph is not None:
-            step.graph.replay()
-        else:
-            step.loss = self.group.step_on(step.x, step.y, step.masks)
-        return step.loss.clone()  # (K,): the next replay overwrites step.loss
+        """Every run's loss (K,) on the device batch x, y (K, b, T) and the step's masks."""
+        return self.replayed(x, y, *masks)
 
-    def eager_step(self, x, y, masks):
-        if not self.capture:
-            return self.group.step_on(x, y, masks)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            losses = self.group.step_on(x, y, masks)
-        torch.cuda.current_stream().wait_stream(side)
-        return losses
-
-    def capture_step(self, x, y, masks):
-        step = cuda_graphs.Captured(x, y)
-        step.masks = [torch.empty_like(m) for m in masks]  # (K, *site) each
-        if not self.capture:
-            return step
-        group = self.group
-        for param_group in group.optimizer.param_groups:
-            param_group['capturable'] = True
-        torch.cuda.synchronize()
-        step.graph = torch.cuda.CUDAGraph()
-        group.optimizer.zero_grad(set_to_none=True)  # the graph allocates the gradients
-        try:
-            with torch.cuda.graph(step.graph):
-                step.loss = group.step_on(step.x, step.y, step.masks)
-        except RuntimeError as e:
-            raise files.UserError(
-                f"the shared step cannot be replayed from a CUDA graph "
-                f"({devices.first_cause(e)}); run the command again with --eager"
-            ) from e
-        return step
-
-    def make_lr_a_tensor(self):
-        if self.lr is not None:
-            return
-        optimizer = self.group.optimizer
-        dtype = torch.float32 if self.capture else torch.float64  # as GraphedStep's
-        lr = float(optimizer.param_groups[0]['lr'])
-        self.lr = torch.tensor(lr, dtype=dtype, device=self.group.device)
-        for param_group in optimizer.param_groups:
-            param_group['lr'] = self.lr
+    def step_on(self, x, y, *masks):
+        return self.group.step_on(x, y, list(masks))
 
 
 # --- the command: run.py's pretrain for several seeds at once ---------------------------

@@ -108,7 +108,8 @@ def test(name, points, editions=tuple(EDITIONS), probes=(), answers=False, hint=
 RUN_IT = "the handout's commands write it (README: The handout's commands)"
 ACCURACY = (
     "check the whole pipeline (parts c to g), trained at the handout's settings: `python "
-    "grading/learning_check.py` tells in minutes whether it learns, and where not"
+    "grading/learning_check.py` tells in minutes whether it trains as a correct one does, "
+    "and where not"
 )
 SPAN = (
     "check __getitem__ (part e): truncate to a random length from 4 to int(block_size*7/8) "

@@ -394,20 +394,25 @@ def train(args, gpt, train_dataset, config):
             print(hint)
     run = trainer.Trainer(gpt, train_dataset, None, config)
     run.train()
-    path = args.writing_params_path
+    write_params(run, phase, args.writing_params_path)
+    return run
+
+
+def write_params(run, phase, path):
+    """A trained run's params written to path (by process 0), its resumable state then
+    removed, and the phase's last line."""
     if run.rank == 0:
-        files.atomic_save(params_files.written_params(gpt), path)
+        files.atomic_save(params_files.written_params(run.model), path)
         # only now: a run stopped before its params are written can still be resumed
-        if os.path.exists(config.resume_path):
-            os.remove(config.resume_path)
+        if os.path.exists(run.config.resume_path):
+            os.remove(run.config.resume_path)
     seconds = run.elapsed - run.resumed_elapsed  # this process's share of a resumed run
-    T = getattr(train_dataset, 'padded_length', BLOCK_SIZE) - 1
+    T = getattr(run.train_dataset, 'padded_length', BLOCK_SIZE) - 1
     print(
         f"{phase} done: {run.steps_run} steps in {format_seconds(seconds)} "
         f"({run.tokens_per_s(run.steps_run, T):,.0f} tokens/s), "
         f"final loss {run.final_loss:.4f}; params written to {path}"
     )
-    return run
 
 
 def phase_name(args):

@@ -74,9 +74,10 @@ class Graphs:
     """A training step `step_on(*inputs)` (device tensors in, the loss out, the optimizer's
     step inside) eager for the first WARMUP steps and each batch shape's first, then
     replayed from the graph of the inputs' shape (captured the first time that shape
-    comes). A subclass gives step_on, `optimizer` and `device`."""
+    comes). A subclass gives step_on and `optimizer`."""
 
     def __init__(self, device):
+        self.device = device
         self.capture = device == 'cuda'
         self.eager_left = WARMUP
         self.seen = set()  # the batch shapes stepped on eagerly
@@ -155,7 +156,7 @@ class GraphedStep(Graphs):
         config = trainer.config
         check(trainer.device, trainer.world_size, stand_in=True)
         super().__init__(trainer.device)
-        self.trainer, self.device = trainer, trainer.device
+        self.trainer = trainer
         self.rows = min(config.batch_size, len(trainer.train_dataset))  # a full batch's
 
     @property

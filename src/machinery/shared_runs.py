@@ -63,7 +63,6 @@ from machinery import (
     dropout,
     files,
     metrics,
-    params_files,
     resume,
 )
 
@@ -204,13 +203,15 @@ def group_batches(dataset, batch_size, epoch, step, max_epochs, seeds, workers):
             shutdown()
 
 
-def optimizer_groups(named, weight_decay):
-    """Trainer.make_optimizer's two groups: weight decay on every weight whose name lacks
-    "bias"."""
+def stacked_groups(trainer, params):
+    """The groups of the trainer's optimizer (Trainer.make_optimizer's: weight decay or
+    none) over the stacked weights `params` (name -> (K, ...)), in its order."""
+    name_of = {id(p): n for n, p in trainer.model.named_parameters()}
     return [
-        {"params": [p for n, p in named if 'bias' not in n], "weight_decay": weight_decay},
-        {"params": [p for n, p in named if 'bias' in n], "weight_decay": 0.0},
-    ]
+        {'params': [params[name_of[id(p)]] for p in group['params']],
+         'weight_decay': group['weight_decay']}
+        for group in trainer.optimizer.param_groups
+    ]  # fmt: skip
 
 
 class SharedRuns:
@@ -232,9 +233,8 @@ class SharedRuns:
         self.params = {n: params[n] for n in self.names}
         self.buffers = dict(first.model.named_buffers())  # constants: one copy for all runs
         self.base = batched_model(first.model)
-        named = list(self.params.items())
         self.optimizer = torch.optim.AdamW(
-            optimizer_groups(named, self.config.weight_decay),
+            stacked_groups(first, self.params),
             lr=first.optimizer.param_groups[0]['lr'],
             betas=self.config.betas,
             fused=devices.fused_adamw(self.device),
@@ -384,10 +384,10 @@ class SharedRuns:
         steps_per_epoch = first.steps_per_epoch
         before = first.epoch * steps_per_epoch + first.step
         start, last_save = time.time() - first.elapsed, time.time()
-        for t in self.trainers:
+        for t, random_states in zip(self.trainers, self.randoms):
             t.resumed_elapsed, t.steps_before = t.elapsed, before
             if t.batch_seed is None:
-                with self.randoms[self.trainers.index(t)].active():
+                with random_states.active():
                     t.batch_seed = batch_producer.batch_seed()
         workers = self.workers
         if workers is None:
@@ -504,7 +504,7 @@ class GraphedSharedStep(cuda_graphs.Graphs):
     def __init__(self, group):
         cuda_graphs.check(group.device, 1, stand_in=True)
         super().__init__(group.device)
-        self.group, self.device = group, group.device
+        self.group = group
 
     @property
     def optimizer(self):
@@ -565,21 +565,12 @@ def handout_pretraining(run, args):
 
 
 def write_params(trainers):
-    """Each run's params file (as run.py writes it), its resumable state then removed."""
+    """Each run's params file, its resumable state removed and its last line printed, as
+    run.py's are."""
     import run
 
     for t in trainers:
-        path = t.args.writing_params_path
-        files.atomic_save(params_files.written_params(t.model), path)
-        if os.path.exists(t.config.resume_path):
-            os.remove(t.config.resume_path)
-        seconds = t.elapsed - t.resumed_elapsed
-        T = getattr(t.train_dataset, 'padded_length', run.BLOCK_SIZE) - 1
-        print(
-            f"pretrain done: {t.steps_run} steps in {run.format_seconds(seconds)} "
-            f"({t.tokens_per_s(t.steps_run, T):,.0f} tokens/s), "
-            f"final loss {t.final_loss:.4f}; params written to {path}"
-        )
+        run.write_params(t, 'pretrain', t.args.writing_params_path)
 
 
 def parse_args(argv):

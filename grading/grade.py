@@ -1234,6 +1234,13 @@ def guess_edition(path, submission):
     return '2024' if path.name == 'assignment4_submission.zip' else '2021'
 
 
+def check_data(data):
+    """Refuses a --data folder that lacks one of the assignment's data files."""
+    for name in DATA_FILES:
+        if not (data / name).is_file():
+            raise UserError(f"--data {data}: {name} is missing (data/README.md)")
+
+
 def read_answers(path, data):
     if path is None:
         return None
@@ -1318,9 +1325,7 @@ def learning_row(submission, edition_name, data):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        for name in DATA_FILES:
-            if not (args.data / name).is_file():
-                raise UserError(f"--data {args.data}: {name} is missing (data/README.md)")
+        check_data(args.data)
         if args.json and len(args.submissions) > 1:
             raise UserError(
                 "--json takes one submission (results.json is Gradescope's, per student)"

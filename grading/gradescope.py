@@ -85,9 +85,7 @@ exit 0
 
 def build(edition, out, data, answers_path=None):
     """Writes the autograder's zip for `edition` to `out`."""
-    for name in grade.DATA_FILES:
-        if not (data / name).is_file():
-            raise grade.UserError(f"--data {data}: {name} is missing (data/README.md)")
+    grade.check_data(data)
     grade.read_answers(answers_path, data)  # one line for a file that is not the answers
     config = dict(edition=edition, answers=answers_path is not None)
     with zipfile.ZipFile(out, 'w', zipfile.ZIP_DEFLATED) as z:

@@ -335,10 +335,9 @@ def pretrain_all(args, pretrainings, record, save):
                 entry['pretrain_seconds'] = time.time() - start
                 entry['at_once'] = len(running) + 1  # processes
                 entry['shared'] = len(group)  # runs in its process
-                loss = re.findall(r'final loss ([\d.]+)', said)
-                if len(group) > 1:
-                    loss = re.findall(rf'final loss ([\d.]+); params written to {re.escape(out)}$',
-                                      said, re.M)  # fmt: skip
+                # the done line of this run's params (run.py's, or one of shared_runs.py's)
+                loss = re.findall(rf'final loss ([\d.]+); params written to {re.escape(out)}$',
+                                  said, re.M)  # fmt: skip
                 entry['final_loss'] = float(loss[-1]) if loss else None
                 save()
                 print(f"== {key}: written in {entry['pretrain_seconds']:.0f} s", flush=True)

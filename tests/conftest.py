@@ -169,6 +169,21 @@ def packed_loss(gpt, idx, targets, packing=None):
     return gpt(idx, targets, packing=packing)[1]
 
 
+def stopped_at_call(call, function, training):
+    """`function` (a training's step or forward) wrapped so that its call-th call asks the
+    training (a Trainer or SharedRuns) to stop, as Ctrl-C does: it stops after that step,
+    its state saved. call None: never."""
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            training.stopper.signal = 2
+        return function(*args, **kwargs)
+
+    return counted
+
+
 def wait_for(path, process, seconds=120):
     """Until `path` exists; a process that ends first is a failure, with its error."""
     deadline = time.time() + seconds

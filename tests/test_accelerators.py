@@ -14,7 +14,7 @@ import torch
 import run
 import trainer
 import utils
-from conftest import ROOT, packed_loss
+from conftest import ROOT, packed_loss, stopped_at_call
 from machinery import decoding, resume
 from test_distributed import csv_losses
 from test_model import SMALL, VARIANTS, make_gpt, ragged_batch
@@ -127,15 +127,7 @@ def test_interrupted_run_resumes_to_the_same_losses(tmp_path, device):
             log_every=1,
         )
         t = trainer.Trainer(gpt, ds, None, config)
-        real, steps = gpt.forward, {'n': 0}
-
-        def forward(*args, **kwargs):
-            steps['n'] += 1
-            if steps['n'] == stop_at:
-                t.stopper.signal = 2  # as Ctrl-C does: stop after this step
-            return real(*args, **kwargs)
-
-        gpt.forward = forward
+        gpt.forward = stopped_at_call(stop_at, gpt.forward, t)
         t.train()
 
     random.seed(0)

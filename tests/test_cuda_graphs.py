@@ -20,7 +20,7 @@ import torch
 
 import attention
 import trainer
-from conftest import ROOT
+from conftest import ROOT, stopped_at_call
 from machinery import cuda_graphs, devices, resume
 from machinery.files import UserError
 from test_model import VARIANTS, make_gpt
@@ -84,15 +84,8 @@ def train_interrupted(tmp_path, stop_at, resumed_settings, **settings):
     random.seed(0)
     gpt, ds, config = tiny_setup(resume_path=path, **settings)
     t = trainer.Trainer(gpt, ds, None, config)
-    t.packs, step, steps = False, t.train_step, []
-
-    def counted_step(x, y):
-        steps.append(1)
-        if len(steps) == stop_at:
-            t.stopper.signal = 2
-        return step(x, y)
-
-    t.train_step = counted_step
+    t.packs = False
+    t.train_step = stopped_at_call(stop_at, t.train_step, t)
     with pytest.raises(resume.TrainingInterrupted):
         t.train()
     saved = torch.load(path, weights_only=True)

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 import dataset
 import model
 import trainer
-from conftest import ROOT, tiny_corpus, wait_for
+from conftest import ROOT, stopped_at_call, tiny_corpus, wait_for
 from machinery import distributed, finetune_methods, packing, resume
 
 
@@ -69,15 +69,7 @@ def interrupted_run(rank, world_size, folder, method, producer=False):
     gpt, ds, config = setup(folder, method, batch_producer=producer)
     t = trainer.Trainer(gpt, ds, None, config)
     seed = torch.initial_seed()
-    real, steps = gpt.forward, {'n': 0}
-
-    def counting_forward(*args, **kwargs):
-        steps['n'] += 1
-        if steps['n'] == 2 and rank == 0:
-            t.stopper.signal = 2
-        return real(*args, **kwargs)
-
-    gpt.forward = counting_forward
+    gpt.forward = stopped_at_call(2 if rank == 0 else None, gpt.forward, t)  # process 0's Ctrl-C
     try:
         t.train()
         stopped = None

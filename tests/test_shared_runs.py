@@ -3,6 +3,7 @@ gives alone, on CUDA's path (the whole padded batch, the batches built ahead fro
 run's own batch seed), here on the CPU: with dropout off and on (each run's masks its
 own), after an interruption and a resume, and with one run's loss made non-finite."""
 
+import os
 import random
 
 import pytest
@@ -58,23 +59,15 @@ def together(seeds, resume_paths=None, stop_at=None, graphs=False, **settings):
         trainers.append(t)
         randoms.append(shared_runs.RunRandom('cpu'))
     group = shared_runs.SharedRuns(trainers, randoms, workers=0, graphs=graphs)
-    if stop_at is not None:
-        step, calls = group.step, []
-
-        def counted(x, y):
-            calls.append(1)
-            if len(calls) == stop_at:
-                group.stopper.signal = 2
-            return step(x, y)
-
-        group.step = counted
+    group.step = conftest.stopped_at_call(stop_at, group.step, group)
     group.train()
     return group
 
 
 def max_diff(group, solos):
+    """The largest difference of a shared run's params from its run alone's (on the CPU)."""
     return max(
-        (p - solo[n]).abs().max().item()
+        (p.cpu() - solo[n]).abs().max().item()
         for t, solo in zip(group.trainers, solos)
         for n, p in t.model.named_parameters()
     )
@@ -219,8 +212,6 @@ def test_a_non_finite_loss_stops_the_group_the_others_saved(tmp_path, monkeypatc
         state = torch.load(path, weights_only=True)
         assert (state['epoch'], state['step']) == (0, 4)
         assert all(torch.isfinite(v).all() for v in state['model'].values())
-    import os
-
     assert not os.path.exists(paths[1])
 
 
@@ -316,10 +307,6 @@ def test_on_cuda_each_run_trains_as_it_does_alone(graphs):
     group = shared_runs.SharedRuns(trainers, randoms, graphs=graphs)
     group.train()
     solos = [cuda_alone(seed, pdrop=0.1) for seed in SEEDS]
-    diff = max(
-        (p.cpu() - solo[n]).abs().max().item()
-        for t, solo in zip(group.trainers, solos)
-        for n, p in t.model.named_parameters()
-    )
+    diff = max_diff(group, solos)
     print(f"CUDA, graphs {graphs}: max abs diff against the runs alone {diff:.3g}")
     assert diff < 1e-4

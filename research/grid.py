@@ -287,7 +287,9 @@ def pretrain_all(args, pretrainings, record, save):
     machinery/shared_runs.py, its output in a .log beside the params; yields each params
     file as it is written (those that existed first). On several GPUs each process gets
     a GPU of its own (gpu_for). A stop (Ctrl-C, SIGTERM) reaches the running ones, which
-    save their resumable states; the same command then resumes them."""
+    save their resumable states; the same command then resumes them. One that ended
+    before the stop reached it (while this generator waited on its caller) is recorded
+    then, for the same command skips its params as written."""
     code, machine = records.commit(), devices.describe(args.device)
     missing = []
     for key, out, made_with, argv in pretrainings:
@@ -327,31 +329,43 @@ def pretrain_all(args, pretrainings, record, save):
                     f"{keys}: {'run.py' if len(group) == 1 else 'shared_runs.py'} ended with "
                     f"status {done.returncode}; its output is in {log.name}"
                 )
-            with open(log.name, encoding='utf-8') as f:
-                said = f.read()
-            for key, out, _ in group:
-                entry = record[key]
-                entry['params_md5'] = records.md5(out)
-                entry['pretrain_seconds'] = time.time() - start
-                entry['at_once'] = len(running) + 1  # processes
-                entry['shared'] = len(group)  # runs in its process
-                # the done line of this run's params (run.py's, or one of shared_runs.py's)
-                loss = re.findall(rf'final loss ([\d.]+); params written to {re.escape(out)}$',
-                                  said, re.M)  # fmt: skip
-                entry['final_loss'] = float(loss[-1]) if loss else None
-                save()
-                print(f"== {key}: written in {entry['pretrain_seconds']:.0f} s", flush=True)
+            record_written(record, group, log.name, start, len(running) + 1)
+            save()
+            for _, out, _ in group:
                 yield out
     finally:
         for process in running:
             if process.poll() is None:
                 process.send_signal(signal.SIGINT)  # it saves its state, then ends
-        for process, (_, log, _, _) in running.items():
+        for process, (group, log, start, _) in running.items():
             try:
                 process.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 process.kill()
             log.close()
+            if process.returncode == 0:  # it ended before the stop: its params are written
+                record_written(record, group, log.name, start, len(running))
+                save()
+
+
+def record_written(record, group, log, start, at_once):
+    """Each of a group's entries given what its finished process wrote: its params' md5,
+    its seconds (from its start to its log's last line), how many processes ran at once,
+    how many runs shared its process and its final loss (its params' done line, run.py's
+    or one of shared_runs.py's, in the log)."""
+    with open(log, encoding='utf-8') as f:
+        said = f.read()
+    seconds = os.path.getmtime(log) - start
+    for key, out, _ in group:
+        entry = record[key]
+        entry['params_md5'] = records.md5(out)
+        entry['pretrain_seconds'] = seconds
+        entry['at_once'] = at_once  # processes
+        entry['shared'] = len(group)  # runs in its process
+        loss = re.findall(rf'final loss ([\d.]+); params written to {re.escape(out)}$',
+                          said, re.M)  # fmt: skip
+        entry['final_loss'] = float(loss[-1]) if loss else None
+        print(f"== {key}: written in {seconds:.0f} s", flush=True)
 
 
 def group_runs(pretrainings, share):

@@ -307,6 +307,64 @@ def test_shared_pretrainings_in_bf16_are_refused(tmp_path, capsys):
     )
 
 
+def fake_pretrainings(monkeypatch):
+    """grid's pretraining processes replaced: each writes its params and their done lines
+    into its log and ends at its second poll; returns the list they are put in as they
+    start."""
+    started = []
+
+    class Process:
+        def __init__(self, command, stdout, stderr, env):
+            self.command, self.env, self.polls, self.returncode = command, env, 0, None
+            self.log = stdout
+            self.running_then = sum(p.returncode is None for p in started)
+            started.append(self)
+            at = command.index('--writing_params_paths') if '--seeds' in command else None
+            self.outs = (
+                command[at + 1 :] if at else [command[command.index('--writing_params_path') + 1]]
+            )
+
+        def poll(self):
+            self.polls += 1
+            if self.polls >= 2 and self.returncode is None:
+                for out in self.outs:
+                    with open(out, 'w') as f:
+                        f.write(out)
+                    self.log.write(f"pretrain done: 2 steps in 0m01s (9 tokens/s), final loss "
+                                   f"2.5000; params written to {out}\n")  # fmt: skip
+                self.log.flush()
+                self.returncode = 0
+            return self.returncode
+
+        def wait(self, timeout=None):
+            return self.returncode
+
+    monkeypatch.setattr(grid.records, 'commit', lambda: 'abc')
+    monkeypatch.setattr(grid.subprocess, 'Popen', Process)
+    monkeypatch.setattr(grid.time, 'sleep', lambda s: None)
+    return started
+
+
+def test_a_pretraining_that_ended_while_another_was_finetuned_is_recorded_at_a_stop(
+    tmp_path, monkeypatch
+):
+    """Two at once: the first's params are handed on (its finetunings run) and the second
+    ends meanwhile; a stop then (the generator closed, as a Ctrl-C in the finetuning
+    closes it) records the second as written, since the same command skips its params."""
+    fake_pretrainings(monkeypatch)
+    args = grid.parse_args(['--pretrain', 'vanilla', '--pretrain_seeds', '0', '1', '--outdir',
+                            str(tmp_path), '--device', 'cpu', '--jobs', '2'])  # fmt: skip
+    record = {}
+    written = grid.pretrain_all(args, grid.pretraining_runs(args), record, lambda: None)
+    assert next(written) == str(tmp_path / 'vanilla.s0.pretrain.params')
+    written.close()
+    second = record['vanilla.s1 pretrain']
+    assert second['params_md5'] == grid.records.md5(str(tmp_path / 'vanilla.s1.pretrain.params'))
+    assert second['final_loss'] == 2.5 and second['shared'] == 1
+    assert record['vanilla.s0 pretrain']['final_loss'] == 2.5
+    assert 'pretrain_seconds' in second
+
+
 def test_jobs_get_a_gpu_each_on_several(tmp_path, monkeypatch):
     """--jobs on a host with two GPUs (simulated): each process its own GPU, a freed one
     given to the next, more jobs than GPUs in turn; one GPU, or none, changes nothing; a
@@ -322,32 +380,7 @@ def test_jobs_get_a_gpu_each_on_several(tmp_path, monkeypatch):
     ]
     assert grid.gpu_for(1, ['0']) == {} and grid.gpu_for(0, []) == {}
 
-    started = []
-
-    class Process:
-        """A pretraining that writes its params and ends at its second poll."""
-
-        def __init__(self, command, stdout, stderr, env):
-            self.command, self.env, self.polls, self.returncode = command, env, 0, None
-            self.running_then = sum(p.returncode is None for p in started)
-            started.append(self)
-            at = command.index('--writing_params_paths') if '--seeds' in command else None
-            self.outs = (
-                command[at + 1 :] if at else [command[command.index('--writing_params_path') + 1]]
-            )
-
-        def poll(self):
-            self.polls += 1
-            if self.polls >= 2:
-                for out in self.outs:
-                    with open(out, 'w') as f:
-                        f.write(out)
-                self.returncode = 0
-            return self.returncode
-
-    monkeypatch.setattr(grid.records, 'commit', lambda: 'abc')
-    monkeypatch.setattr(grid.subprocess, 'Popen', Process)
-    monkeypatch.setattr(grid.time, 'sleep', lambda s: None)
+    started = fake_pretrainings(monkeypatch)
     monkeypatch.setattr(grid.devices, 'describe', lambda device: 'two GPUs')
     monkeypatch.delenv('CUDA_VISIBLE_DEVICES')
     args = grid.parse_args(['--pretrain', 'vanilla', '--pretrain_seeds', '0', '1', '2', '3', '4',

@@ -286,10 +286,10 @@ def pretrain_all(args, pretrainings, record, save):
     group of up to --share runs of one variant (group_runs): one run as run.py, several as
     machinery/shared_runs.py, its output in a .log beside the params; yields each params
     file as it is written (those that existed first). On several GPUs each process gets
-    a GPU of its own (gpu_for). A stop (Ctrl-C, SIGTERM) reaches the running ones, which
-    save their resumable states; the same command then resumes them. One that ended
-    before the stop reached it (while this generator waited on its caller) is recorded
-    then, for the same command skips its params as written."""
+    a GPU of its own (gpu_for). A stop (Ctrl-C, SIGTERM) reaches the running ones once,
+    from here (stop_process), and they save their resumable states; the same command then
+    resumes them. One that ended before the stop reached it (while this generator waited
+    on its caller) is recorded then, for the same command skips its params as written."""
     code, machine = records.commit(), devices.describe(args.device)
     missing = []
     for key, out, made_with, argv in pretrainings:
@@ -315,7 +315,8 @@ def pretrain_all(args, pretrainings, record, save):
                 print(f"== {keys}{where}: {' '.join(command[1:])}", flush=True)
                 log = open(log_path, 'w', encoding='utf-8')
                 process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                           env={**os.environ, **env} if env else None)  # fmt: skip
+                                           env={**os.environ, **env} if env else None,
+                                           start_new_session=True)  # fmt: skip
                 running[process] = (group, log, time.time(), slot)
             done = next((p for p in running if p.poll() is not None), None)
             if done is None:
@@ -335,8 +336,7 @@ def pretrain_all(args, pretrainings, record, save):
                 yield out
     finally:
         for process in running:
-            if process.poll() is None:
-                process.send_signal(signal.SIGINT)  # it saves its state, then ends
+            stop_process(process)
         for process, (group, log, start, _) in running.items():
             try:
                 process.wait(timeout=120)
@@ -366,6 +366,27 @@ def record_written(record, group, log, start, at_once):
                           said, re.M)  # fmt: skip
         entry['final_loss'] = float(loss[-1]) if loss else None
         print(f"== {key}: written in {seconds:.0f} s", flush=True)
+
+
+def stop_process(process):
+    """Ctrl-C for one pretraining process, which then saves its state after the step and
+    ends. It runs in a session of its own (start_new_session), so this is the one stop it
+    gets: a terminal's Ctrl-C, or `timeout -s INT`, signals grid.py's process group, and a
+    run that gets a second Ctrl-C stops at once, without saving. On Windows a process has
+    no SIGINT of its own, and the console's Ctrl-C has reached every process in it."""
+    if process.poll() is None and os.name != 'nt':
+        process.send_signal(signal.SIGINT)
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c():
+    """SIGTERM (a preempted VM, a scheduler, `timeout`) stops grid.py as Ctrl-C does, so
+    that its pretraining processes are told to save their states (stop_process)."""
+    handler = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, handler)
 
 
 def group_runs(pretrainings, share):
@@ -600,7 +621,7 @@ def plot_grid(record, out):
 
 def main(argv=None):
     args = parse_args(argv)
-    with records.one_line_stops('research/grid.py', argv):
+    with records.one_line_stops('research/grid.py', argv), sigterm_as_ctrl_c():
         distributed.one_process('grid.py')
         checks.check_reports(args, 'plot')
         device = args.device = devices.pick_device(args.device)

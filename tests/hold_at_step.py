@@ -1,7 +1,9 @@
 """python tests/hold_at_step.py STEP MARKER src/run.py ARGS...: run.py as the shell runs it
 (alone or as a torchrun worker), except that its training holds after step STEP, with the
-file MARKER written, until a stop signal (Ctrl-C, SIGTERM) arrives. A test then signals a
-run that is known to be mid-training, instead of racing a fast run to its end."""
+file MARKER written, until a stop signal (Ctrl-C, SIGTERM) arrives, and half a second more:
+a second stop sent with the first (a Ctrl-C passed on again) arrives while it holds, and
+stops the run at once, unsaved. A test then signals a run that is known to be
+mid-training, instead of racing a fast run to its end."""
 
 import os
 import runpy
@@ -28,6 +30,7 @@ def held_update(self, loss):
         deadline = time.time() + 300  # a test that never signals fails instead of hanging
         while not self.stopper.asked() and time.time() < deadline:
             time.sleep(0.01)
+        time.sleep(0.5)
 
 
 trainer.Trainer.update = held_update

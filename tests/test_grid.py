@@ -5,13 +5,17 @@ what exists and refuses what was made with other settings."""
 import csv
 import json
 import math
+import os
 import re
 import shutil
+import signal
 import statistics
+import subprocess
 
 import pytest
 
 import grid
+from conftest import PYTHON, ROOT, wait_for
 from machinery import devices
 
 BF16 = devices.cpu_has_native_bf16()  # what --precision auto means on this CPU
@@ -269,6 +273,47 @@ def test_pretraining_seeds_run_at_once_stop_and_go_on(tiny, monkeypatch, capsys)
     )
 
 
+# grid.py as its command line runs it, its pretraining process held after step 3
+# (tests/hold_at_step.py) until it is told to stop
+HELD_GRID = f"""
+import sys
+sys.path.insert(0, {str(ROOT / 'research')!r})
+import grid
+command_of = grid.group_command
+def held(group):
+    command, log = command_of(group)
+    return [command[0], {str(ROOT / 'tests' / 'hold_at_step.py')!r}, '3', 'held', *command[1:]], log
+grid.group_command = held
+grid.main(sys.argv[1:])
+"""
+
+
+@pytest.mark.skipif(os.name == 'nt', reason="process groups and SIGTERM are POSIX's")
+@pytest.mark.parametrize('stop', ['ctrl-c', 'sigterm'])
+@pytest.mark.slow
+def test_a_stop_reaches_a_pretraining_once_and_its_state_is_saved(tiny, stop):
+    """A terminal's Ctrl-C (SIGINT to grid.py's whole process group, as `timeout -s INT`
+    sends it too) or a SIGTERM to grid.py alone: the pretraining gets one stop, from
+    grid.py, saves its state after the step (a second stop would end it unsaved), and
+    grid.py ends with the command that continues."""
+    argv = ['--pretrain', 'vanilla', '--pretrain_seeds', '0', *PRETRAIN[6:-2]]
+    process = subprocess.Popen([PYTHON, '-c', HELD_GRID, *argv], cwd=tiny, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               start_new_session=True)  # fmt: skip
+    wait_for(tiny / 'held.0', process)
+    if stop == 'ctrl-c':
+        os.killpg(process.pid, signal.SIGINT)
+    else:
+        process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert 'To continue: python research/grid.py --pretrain vanilla' in err
+    log = (tiny / 'p' / 'vanilla.s0.pretrain.log').read_text()
+    assert re.search(r'interrupted at epoch 3, step 1; state saved to '
+                     r'p/vanilla.s0.pretrain.params.resume\. To continue', log), log  # fmt: skip
+    assert (tiny / 'p' / 'vanilla.s0.pretrain.params.resume').exists()
+
+
 def test_pretrainings_share_processes_in_groups_of_one_variant():
     """--share 2 over two variants and three seeds: each variant's seeds two to a process,
     every variant's first seeds first; a group's command is shared_runs.py with each run's
@@ -314,7 +359,8 @@ def fake_pretrainings(monkeypatch):
     started = []
 
     class Process:
-        def __init__(self, command, stdout, stderr, env):
+        def __init__(self, command, stdout, stderr, env, start_new_session):
+            assert start_new_session  # its one stop is grid.py's (test_a_stop_reaches...)
             self.command, self.env, self.polls, self.returncode = command, env, 0, None
             self.log = stdout
             self.running_then = sum(p.returncode is None for p in started)

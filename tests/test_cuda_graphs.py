@@ -19,8 +19,10 @@ import pytest
 import torch
 
 import attention
+import bench
+import dataset
 import trainer
-from conftest import ROOT, stopped_at_call
+from conftest import ROOT, stopped_at_call, tiny_corpus
 from machinery import cuda_graphs, devices, resume
 from machinery.files import UserError
 from test_model import VARIANTS, make_gpt
@@ -320,3 +322,13 @@ def test_a_step_that_cannot_be_captured_stops_with_one_line():
         done.stdout,
         re.M,
     ), done.stdout + done.stderr[-2000:]
+
+
+@CUDA
+def test_graphed_steps_of_several_runs_replay_on_streams_of_their_own():
+    """bench.py --concurrent: two runs' graphs replayed alone, in turn and at once on two
+    streams, each timed."""
+    text = tiny_corpus()[0] * 5  # the 128 documents of bench's batch
+    corpus = dataset.CharCorruptionDataset(text, 128)
+    times = bench.bench_concurrent_replays(corpus, 2, 'vanilla', 32, 'bf16', steps=3)
+    assert len(times) == 3 and all(0 < t < 10 for t in times)

@@ -84,6 +84,8 @@ USER_ERRORS = [
      r'missing.predictions: cannot read: .*'),
     ('tools/bench.py', ['--params', 'missing.params'], {},
      r'--params missing.params: no such file'),
+    ('tools/bench.py', ['--concurrent', '2'], {},
+     r'--concurrent 2: for CUDA GPUs only, and this runs on the cpu'),
     ('tools/plot.py', ['missing.csv'], {}, r'.+'),  # no such file, or no matplotlib
     ('london_baseline.py', ['test.tsv'], {}, r'test.tsv has no gold places to compare with'),
 ]  # fmt: skip

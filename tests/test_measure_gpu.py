@@ -49,15 +49,19 @@ def test_sharing_commands_and_their_rates(tmp_path):
     commands = measure_gpu.sharing_commands(args, tmp_path)
     assert [(name, runs) for name, _, runs in commands] == [
         ('one alone, CUDA graphs', 1), ('one alone, eager', 1),
+        ('one alone, CUDA graphs, --precision auto (the default)', 1),
         ('two alone at once (--jobs 2)', 2), ('1 sharing one process (--share 1)', 1),
         ('4 sharing one process (--share 4)', 4),
     ]  # fmt: skip
     assert commands[0][1][1:10] == ['src/run.py', 'pretrain', 'vanilla', 'wiki.txt',
                                     '--max_epochs', '20', '--precision', 'fp32', '--seed']  # fmt: skip
     assert commands[1][1][-1] == '--eager'
-    pair = commands[2][1][2]
+    auto = commands[2][1]
+    assert auto[auto.index('--precision') :][:5] == ['--precision', 'auto', '--seed', '0',
+                                                      '--writing_params_path']  # fmt: skip
+    pair = commands[3][1][2]
     assert pair.count('src/run.py') == 2 and pair.endswith('& wait') and '--seed 1 ' in pair
-    shared = commands[4][1]
+    shared = commands[5][1]
     assert shared[1] == 'src/machinery/shared_runs.py'
     assert shared[shared.index('--seeds') :][:5] == ['--seeds', '0', '1', '2', '3']
     assert len(shared) - shared.index('--writing_params_paths') - 1 == 4

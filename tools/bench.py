@@ -3,6 +3,7 @@
     python tools/bench.py [--steps 5] [--questions 20] [--params vanilla.finetune.params]
                         [--variant vanilla|synthesizer|perceiver|rope] [--bottleneck_dim 32]
                         [--device cuda] [--precision fp16] [--paths eager compiled+graphed]
+                        [--concurrent 5]
 
 Where --variant and --bottleneck_dim are left out, the variant and the perceiver's
 bottleneck are the params file's (without --params: vanilla and 32).
@@ -19,6 +20,9 @@ then forward, backward, clipping, AdamW), with the same model and batch for both
          batches are built ahead by worker processes, so a step waits for the longer of
          the two, not for both; each path's start (compiling, capturing) is timed apart,
          and a graph's replay alone
+--concurrent K (CUDA): K runs' graphed steps, each its own model, optimizer and graph,
+replayed one after another on one stream and then each on a stream of its own at once:
+whether one run's graphed step, about a tenth of a big GPU, leaves room for another's.
 evaluate: time per birth_dev.tsv question, greedy-decoding 32 characters
   plain  one question at a time, re-running the whole prefix for every character
   ours   decoding.greedy_complete: questions batched by length, each step feeding only the
@@ -175,6 +179,40 @@ def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision
     return results, starts, replays, [int(n) for n in rows]
 
 
+def bench_concurrent_replays(corpus, k, variant, bottleneck_dim, precision, steps):
+    """Median seconds of one run's graphed step replayed alone, of K runs' replayed one
+    after another on one stream, and of the K at once, each on a stream of its own."""
+    random.seed(0)
+    x, y = zip(*[corpus[i] for i in range(128)])
+    x, y = torch.stack(x), torch.stack(y)
+    config = trainer.TrainerConfig(batch_size=128, learning_rate=6e-3, device='cuda',
+                                   precision=precision, cuda_graph=True)  # fmt: skip
+    graphs = []
+    for _ in range(k):
+        t = trainer.Trainer(make_model(corpus.vocab_size, variant, bottleneck_dim), corpus,
+                            None, config)  # fmt: skip
+        for _ in range(cuda_graphs.WARMUP + 2):
+            t.train_step(x, y)  # its eager steps, its capture and its first replay
+        (captured,) = t.graphed.captured.values()
+        graphs.append(captured.graph)
+    streams = [torch.cuda.Stream() for _ in graphs]
+
+    def one_stream():
+        for graph in graphs:
+            graph.replay()
+
+    def own_streams():
+        main = torch.cuda.current_stream()
+        for stream, graph in zip(streams, graphs):
+            stream.wait_stream(main)
+            with torch.cuda.stream(stream):
+                graph.replay()
+        for stream in streams:
+            main.wait_stream(stream)
+
+    return time_steps([graphs[0].replay, one_stream, own_streams], steps, 'cuda')
+
+
 def synchronizer(device):
     """A function that waits for the device's work to end."""
     return {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(device, lambda: None)
@@ -250,6 +288,11 @@ def parse_args(argv):
         help="the ways our step runs (CUDA only but eager; default: on CUDA eager, graphed "
         "and compiled+graphed, elsewhere eager)",
     )
+    argp.add_argument(
+        '--concurrent', type=run.positive(int),
+        help="CUDA: also K runs' graphed steps replayed one after another, and at once on "
+        "K streams",
+    )  # fmt: skip
     return argp.parse_args(argv)
 
 
@@ -319,6 +362,10 @@ def main(argv=None):
             raise files.UserError(
                 f"--paths {' '.join(gpu_only)}: for CUDA GPUs only, and this runs on the {device}"
             )
+        if args.concurrent and device != 'cuda':
+            raise files.UserError(
+                f"--concurrent {args.concurrent}: for CUDA GPUs only, and this runs on the {device}"
+            )
         corpus = dataset.CharCorruptionDataset(files.read_text('wiki.txt'), run.BLOCK_SIZE)
         decoder = decoding_model(args, corpus)
     except files.UserError as e:
@@ -328,6 +375,16 @@ def main(argv=None):
         f"variant {args.variant}; our precision {precision}"
     )
     report_pretraining(args, corpus, precision, device)
+    if args.concurrent:
+        k = args.concurrent
+        alone, serial, together = bench_concurrent_replays(
+            corpus, k, args.variant, args.bottleneck_dim, precision, args.steps
+        )
+        print(
+            f"{k} runs' graphed steps ({precision}): one alone {alone * 1000:.2f} ms; the {k} "
+            f"one after another {serial * 1000:.2f} ms; at once on {k} streams "
+            f"{together * 1000:.2f} ms, {k * alone / together:.2f} runs' steps in the time of one"
+        )
     plain, ours, n = bench_evaluate(corpus, decoder, args.questions, device)
     untrained = '' if args.params else ', untrained model'
     print(f"evaluate (birth_dev.tsv, 32 characters per question{untrained}):")

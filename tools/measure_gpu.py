@@ -14,7 +14,9 @@ precision runs that share a process take): one alone (CUDA graphs, and eager), t
 at once (grid.py --jobs 2), and K runs stepping together in one process
 (machinery/shared_runs.py, grid.py --share K) for each --share_counts, each --max_epochs
 long (default 20), as runs per minute of the whole process and of the training loop,
-extrapolated to the handout's 650 epochs.
+extrapolated to the handout's 650 epochs; on CUDA also one alone in the precision run.py
+picks (bf16 on a recent GPU), and the largest K's graphed steps of runs alone replayed
+one after another and at once on K streams (bench.py --concurrent).
 """
 
 import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
@@ -235,6 +237,9 @@ def sharing_commands(args, out):
     ]
     if gpu:
         commands.append(('one alone, eager', alone + [str(out / 'e.params'), '--eager'], 1))
+        if not args.precision:
+            auto = [PYTHON, 'src/run.py', *common[:-1], 'auto', *alone[-3:], str(out / 'b.params')]
+            commands.append(('one alone, CUDA graphs, --precision auto (the default)', auto, 1))
     pair = ' & '.join(
         shlex.join([*alone[:-2], str(seed), alone[-1], str(out / f'j{seed}.params')])
         for seed in (0, 1)
@@ -269,6 +274,15 @@ def measure_sharing(args):
     for index, (name, command, runs) in enumerate(sharing_commands(args, out)):
         text, seconds, ok = m.run(command, f'sharing{index}')
         m.add(name, runs_per_minute(text, seconds, runs) if ok else '- (failed or cut off)')
+    if (args.device or 'cuda') == 'cuda':
+        k = max(args.share_counts)
+        command = [PYTHON, 'tools/bench.py', '--steps', str(args.bench_steps), '--questions',
+                   '1', '--paths', 'graphed', '--concurrent', str(k), '--device',
+                   'cuda']  # fmt: skip
+        command += ['--precision', args.precision] if args.precision else []
+        text, _, _ = m.run(command, 'concurrent')
+        m.add(f"{k} runs' graphed steps, alone and on {k} streams (bench.py)",
+              found(r"graphed steps \(([^\n]*)", text))  # fmt: skip
     print('\n' + m.table())
     return m.table()
 

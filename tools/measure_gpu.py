@@ -7,7 +7,7 @@ GPU tests; and the other variants' steps.
 
     python tools/measure_gpu.py --out gpu_run                    # an H100 or H200: 5 minutes
     python tools/measure_gpu.py --out gpu_run --precision fp16   # a T4 (Colab)
-    python tools/measure_gpu.py --out gpu_share --sharing --budget 240   # 4 minutes
+    python tools/measure_gpu.py --out gpu_share --sharing --budget 300   # 5 minutes
 
 --sharing measures instead how many pretrainings a GPU makes a minute, in fp32 (the
 precision runs that share a process take): one alone (CUDA graphs, and eager), two alone
@@ -15,8 +15,8 @@ at once (grid.py --jobs 2), and K runs stepping together in one process
 (machinery/shared_runs.py, grid.py --share K) for each --share_counts, each --max_epochs
 long (default 20), as runs per minute of the whole process and of the training loop,
 extrapolated to the handout's 650 epochs; on CUDA also one alone in the precision run.py
-picks (bf16 on a recent GPU), and the largest K's graphed steps of runs alone replayed
-one after another and at once on K streams (bench.py --concurrent).
+picks (bf16 on a recent GPU), and first the largest K's graphed steps of runs alone
+replayed one after another and at once on K streams (bench.py --concurrent).
 """
 
 import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
@@ -271,10 +271,7 @@ def measure_sharing(args):
     out.mkdir(parents=True, exist_ok=True)
     m = Measurement(out, args.budget)
     m.add('runs per minute of', 'whole processes (short runs); training loops, extrapolated')
-    for index, (name, command, runs) in enumerate(sharing_commands(args, out)):
-        text, seconds, ok = m.run(command, f'sharing{index}')
-        m.add(name, runs_per_minute(text, seconds, runs) if ok else '- (failed or cut off)')
-    if (args.device or 'cuda') == 'cuda':
+    if (args.device or 'cuda') == 'cuda':  # first: a minute at most, and it picks the design
         k = max(args.share_counts)
         command = [PYTHON, 'tools/bench.py', '--steps', str(args.bench_steps), '--questions',
                    '1', '--paths', 'graphed', '--concurrent', str(k), '--device',
@@ -283,6 +280,9 @@ def measure_sharing(args):
         text, _, _ = m.run(command, 'concurrent')
         m.add(f"{k} runs' graphed steps, alone and on {k} streams (bench.py)",
               found(r"graphed steps \(([^\n]*)", text))  # fmt: skip
+    for index, (name, command, runs) in enumerate(sharing_commands(args, out)):
+        text, seconds, ok = m.run(command, f'sharing{index}')
+        m.add(name, runs_per_minute(text, seconds, runs) if ok else '- (failed or cut off)')
     print('\n' + m.table())
     return m.table()
 

@@ -128,15 +128,20 @@ PATHS = {
 }
 
 
+def first_batch(corpus):
+    """The batch every step is timed on: the first 128 documents' span corruptions, seeded."""
+    random.seed(0)
+    x, y = zip(*[corpus[i] for i in range(128)])
+    return torch.stack(x), torch.stack(y)  # (128, 127), on the CPU as the trainer builds them
+
+
 def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision, device, paths):
     """Median seconds of building a batch (the trainer's, span corruption of 128 documents
     on the CPU, the same in every path) and of each path's step on the same batch: plain,
     then ours run each of the ways in `paths`. Also the seconds each of ours took to
     start (its first steps: compiling, capturing), each graph's replay alone, and the
     positions of each row that our step computes."""
-    random.seed(0)
-    x, y = zip(*[corpus[i] for i in range(128)])
-    x, y = torch.stack(x), torch.stack(y)  # (128, 127), on the CPU as the trainer builds them
+    x, y = first_batch(corpus)
     synchronize = synchronizer(device)
     steps, starts, replays, built = [], {}, {}, itertools.count()
     for path in ['plain', *paths]:
@@ -182,9 +187,7 @@ def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision
 def bench_concurrent_replays(corpus, k, variant, bottleneck_dim, precision, steps):
     """Median seconds of one run's graphed step replayed alone, of K runs' replayed one
     after another on one stream, and of the K at once, each on a stream of its own."""
-    random.seed(0)
-    x, y = zip(*[corpus[i] for i in range(128)])
-    x, y = torch.stack(x), torch.stack(y)
+    x, y = first_batch(corpus)
     config = trainer.TrainerConfig(batch_size=128, learning_rate=6e-3, device='cuda',
                                    precision=precision, cuda_graph=True)  # fmt: skip
     graphs = []
@@ -358,13 +361,11 @@ def main(argv=None):
         if args.paths is None:
             args.paths = ['eager', 'graphed', 'compiled+graphed'] if device == 'cuda' else ['eager']
         gpu_only = [path for path in args.paths if path != 'eager']
-        if gpu_only and device != 'cuda':
+        cuda_flags = [f"--paths {' '.join(gpu_only)}"] if gpu_only else []
+        cuda_flags += [f"--concurrent {args.concurrent}"] if args.concurrent else []
+        if cuda_flags and device != 'cuda':
             raise files.UserError(
-                f"--paths {' '.join(gpu_only)}: for CUDA GPUs only, and this runs on the {device}"
-            )
-        if args.concurrent and device != 'cuda':
-            raise files.UserError(
-                f"--concurrent {args.concurrent}: for CUDA GPUs only, and this runs on the {device}"
+                f"{', '.join(cuda_flags)}: for CUDA GPUs only, and this runs on the {device}"
             )
         corpus = dataset.CharCorruptionDataset(files.read_text('wiki.txt'), run.BLOCK_SIZE)
         decoder = decoding_model(args, corpus)

@@ -114,9 +114,9 @@ def late_mean_loss(path, first, last):
     return sum(losses) / len(losses) if losses else None
 
 
-def bench(m, args, variant, paths, steps):
+def bench(m, args, variant, paths, steps, more=()):
     command = [PYTHON, 'tools/bench.py', '--steps', str(steps), '--questions', '5']
-    command += ['--variant', variant, '--paths', *paths]
+    command += ['--variant', variant, '--paths', *paths, *more]
     command += ['--device', args.device or 'cuda']
     command += ['--precision', args.precision] if args.precision else []
     text, _, _ = m.run(command, f'bench_{variant}')
@@ -238,7 +238,8 @@ def sharing_commands(args, out):
     if gpu:
         commands.append(('one alone, eager', alone + [str(out / 'e.params'), '--eager'], 1))
         if not args.precision:
-            auto = [PYTHON, 'src/run.py', *common[:-1], 'auto', *alone[-3:], str(out / 'b.params')]
+            auto = alone + [str(out / 'b.params')]
+            auto[auto.index('--precision') + 1] = 'auto'
             commands.append(('one alone, CUDA graphs, --precision auto (the default)', auto, 1))
     pair = ' & '.join(
         shlex.join([*alone[:-2], str(seed), alone[-1], str(out / f'j{seed}.params')])
@@ -273,11 +274,7 @@ def measure_sharing(args):
     m.add('runs per minute of', 'whole processes (short runs); training loops, extrapolated')
     if (args.device or 'cuda') == 'cuda':  # first: a minute at most, and it picks the design
         k = max(args.share_counts)
-        command = [PYTHON, 'tools/bench.py', '--steps', str(args.bench_steps), '--questions',
-                   '1', '--paths', 'graphed', '--concurrent', str(k), '--device',
-                   'cuda']  # fmt: skip
-        command += ['--precision', args.precision] if args.precision else []
-        text, _, _ = m.run(command, 'concurrent')
+        text = bench(m, args, 'vanilla', ['graphed'], args.bench_steps, ['--concurrent', str(k)])
         m.add(f"{k} runs' graphed steps, alone and on {k} streams (bench.py)",
               found(r"graphed steps \(([^\n]*)", text))  # fmt: skip
     for index, (name, command, runs) in enumerate(sharing_commands(args, out)):

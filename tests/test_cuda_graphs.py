@@ -6,14 +6,16 @@ learning rate as a tensor the schedule writes, the copied-out losses, and resuma
 states, bit for bit; and, compiled (torch's eager backend standing in for inductor), the
 short batch padded to one shape, within rounding, and a compiler that fails. On a CUDA
 GPU (skipped elsewhere) the real graphs against the eager step in each precision,
-compiled with inductor too, for every variant and a student's complex-number RoPE, and a
-step that cannot be captured."""
+compiled with inductor too, for every variant and a student's complex-number RoPE; a
+step that cannot be captured; and two runs' graphs replayed at once on two streams."""
 
+import itertools
 import os
 import random
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -21,6 +23,7 @@ import torch
 import attention
 import bench
 import dataset
+import run
 import trainer
 from conftest import ROOT, stopped_at_call, tiny_corpus
 from machinery import cuda_graphs, devices, resume
@@ -325,10 +328,44 @@ def test_a_step_that_cannot_be_captured_stops_with_one_line():
 
 
 @CUDA
-def test_graphed_steps_of_several_runs_replay_on_streams_of_their_own():
-    """bench.py --concurrent: two runs' graphs replayed alone, in turn and at once on two
-    streams, each timed."""
+def test_several_runs_graphs_replayed_at_once_train_as_one_after_another(monkeypatch):
+    """bench.py --concurrent: two runs (other initial models, dropout off, whose draws
+    runs at once share) replayed at once on two streams train as replayed one after
+    another, within rounding; a graph that wrote another's cuBLAS workspace would differ
+    or never end. Then each of bench's three ways is timed."""
     text = tiny_corpus()[0] * 5  # the 128 documents of bench's batch
     corpus = dataset.CharCorruptionDataset(text, 128)
+    seeds = itertools.cycle([0, 1])  # each set's first run from seed 0, its second from 1
+
+    def model_without_dropout(vocab_size, variant, bottleneck_dim):
+        torch.manual_seed(next(seeds))
+        gpt = run.new_model(variant, vocab_size, bottleneck_dim)
+        for m in gpt.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
+        return gpt
+
+    monkeypatch.setattr(bench, 'make_model', model_without_dropout)
+    params = []
+    for at_once in [False, True]:
+        runs = bench.graphed_runs(corpus, 2, 'vanilla', 32, 'fp32')
+        graphs = [bench.graph_of(r) for r in runs]
+        streams = [torch.cuda.Stream() for _ in runs]
+        for _ in range(5):
+            if at_once:
+                bench.replay_at_once(graphs, streams)
+            else:
+                for graph in graphs:
+                    graph.replay()
+        deadline = time.monotonic() + 60
+        while not torch.cuda.current_stream().query():
+            assert time.monotonic() < deadline, 'the replays did not end in 60 s'
+            time.sleep(0.01)
+        params.append([[p.detach().clone() for p in r.model.parameters()] for r in runs])
+    (first, second), _ = params
+    assert not torch.equal(first[0], second[0])  # the two runs differ
+    for one_after_another, at_once in zip(*params):
+        for p, q in zip(one_after_another, at_once):
+            torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
     times = bench.bench_concurrent_replays(corpus, 2, 'vanilla', 32, 'bf16', steps=3)
     assert len(times) == 3 and all(0 < t < 10 for t in times)

@@ -184,36 +184,57 @@ def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision
     return results, starts, replays, [int(n) for n in rows]
 
 
-def bench_concurrent_replays(corpus, k, variant, bottleneck_dim, precision, steps):
-    """Median seconds of one run's graphed step replayed alone, of K runs' replayed one
-    after another on one stream, and of the K at once, each on a stream of its own."""
+def graphed_runs(corpus, k, variant, bottleneck_dim, precision):
+    """K runs alone as the graphed path trains them (each from bench's initial model, on
+    bench's batch), each stepped until its graph is captured and replayed once: their
+    trainers, which own the memory their graphs read and write."""
     x, y = first_batch(corpus)
     config = trainer.TrainerConfig(batch_size=128, learning_rate=6e-3, device='cuda',
                                    precision=precision, cuda_graph=True)  # fmt: skip
-    graphs = []
+    runs = []
     for _ in range(k):
         t = trainer.Trainer(make_model(corpus.vocab_size, variant, bottleneck_dim), corpus,
                             None, config)  # fmt: skip
         for _ in range(cuda_graphs.WARMUP + 2):
             t.train_step(x, y)  # its eager steps, its capture and its first replay
-        (captured,) = t.graphed.captured.values()
-        graphs.append(captured.graph)
+        runs.append(t)
+    return runs
+
+
+def graph_of(run):
+    """The CUDA graph of a run's step (one batch shape)."""
+    (captured,) = run.graphed.captured.values()
+    return captured.graph
+
+
+def replay_at_once(graphs, streams):
+    """Each graph replayed on a stream of its own, all after the work queued so far and
+    before the work queued next."""
+    main = torch.cuda.current_stream()
+    for stream, graph in zip(streams, graphs):
+        stream.wait_stream(main)
+        with torch.cuda.stream(stream):
+            graph.replay()
+    for stream in streams:
+        main.wait_stream(stream)
+
+
+def bench_concurrent_replays(corpus, k, variant, bottleneck_dim, precision, steps):
+    """Median seconds of one run's graphed step replayed alone, of K runs' replayed one
+    after another on one stream, and of the K at once, each on a stream of its own."""
+    runs = graphed_runs(corpus, k, variant, bottleneck_dim, precision)
+    graphs = [graph_of(run) for run in runs]
     streams = [torch.cuda.Stream() for _ in graphs]
 
-    def one_stream():
+    def one_after_another():
         for graph in graphs:
             graph.replay()
 
-    def own_streams():
-        main = torch.cuda.current_stream()
-        for stream, graph in zip(streams, graphs):
-            stream.wait_stream(main)
-            with torch.cuda.stream(stream):
-                graph.replay()
-        for stream in streams:
-            main.wait_stream(stream)
-
-    return time_steps([graphs[0].replay, one_stream, own_streams], steps, 'cuda')
+    return time_steps(
+        [graphs[0].replay, one_after_another, lambda: replay_at_once(graphs, streams)],
+        steps,
+        'cuda',
+    )
 
 
 def synchronizer(device):

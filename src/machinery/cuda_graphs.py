@@ -25,9 +25,13 @@ The first WARMUP steps, and the first step of each new batch shape, run eagerly 
 stream (they compile the model, set up AdamW's moments, the scaler and the kernels the
 shape needs), as PyTorch's notes on whole-network capture ask; they are real steps, with
 the learning rate already the tensor the graphs read, so that a resumed run repeats them
-exactly. A step that cannot be captured (a model that reads a tensor's value on the
-host, say) stops the run at its fourth step with one line naming the first error and
---eager: a failed capture leaves CUDA's random generator unusable in the process.
+exactly. Each Graphs has a side stream of its own, and captures on it too: PyTorch gives
+cuBLAS one workspace per stream, which a graph keeps, so graphs captured on a stream of
+their own can be replayed at once on several streams (runs sharing a GPU) without two
+matrix products writing one workspace.
+A step that cannot be captured (a model that reads a tensor's value on the host, say)
+stops the run at its fourth step with one line naming the first error and --eager: a
+failed capture leaves CUDA's random generator unusable in the process.
 
 Elsewhere (the tests on a CPU) every "replay" is a plain call of the same step on the same
 static buffers: everything here but the capture itself.
@@ -83,6 +87,7 @@ class Graphs:
         self.seen = set()  # the batch shapes stepped on eagerly
         self.captured = {}  # the first input's shape -> Captured
         self.lr = None  # the device tensor AdamW reads its learning rate from
+        self.stream = torch.cuda.Stream() if self.capture else None  # eager steps, capture
 
     def replayed(self, *inputs):
         """The loss of one training step on the device tensors `inputs`."""
@@ -106,11 +111,10 @@ class Graphs:
     def eager_step(self, inputs):
         if not self.capture:
             return self.step_on(*inputs)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
             loss = self.step_on(*inputs)
-        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.current_stream().wait_stream(self.stream)
         return loss
 
     def capture_step(self, inputs):
@@ -125,7 +129,7 @@ class Graphs:
         step.graph = torch.cuda.CUDAGraph()
         self.optimizer.zero_grad(set_to_none=True)  # the graph allocates its gradients
         try:
-            with torch.cuda.graph(step.graph):
+            with torch.cuda.graph(step.graph, stream=self.stream):
                 step.loss = self.step_on(*step.inputs)
         except RuntimeError as e:  # the first error's line: ending the capture raises its own
             # a failed capture leaves CUDA's random generator unusable in this process

@@ -274,9 +274,13 @@ def test_pretraining_seeds_run_at_once_stop_and_go_on(tiny, monkeypatch, capsys)
 
 
 # grid.py as its command line runs it, its pretraining process held after step 3
-# (tests/hold_at_step.py) until it is told to stop
+# (tests/hold_at_step.py) until it is told to stop; Ctrl-C raises KeyboardInterrupt in it
+# as in a terminal, also where the suite runs as a background job (whose commands inherit
+# SIGINT ignored, and Python then leaves it ignored)
 HELD_GRID = f"""
+import signal
 import sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {str(ROOT / 'research')!r})
 import grid
 command_of = grid.group_command

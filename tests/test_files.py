@@ -86,6 +86,11 @@ USER_ERRORS = [
      r'--params missing.params: no such file'),
     ('tools/bench.py', ['--concurrent', '2'], {},
      r'--concurrent 2: for CUDA GPUs only, and this runs on the cpu'),
+    ('tools/compiled_gradients.py', ['--paths', 'inductor', 'fast'], {},
+     r'--paths fast: not a path \(inductor, aot_eager, inductor-forward, inductor-backward, '
+     r'inductor:NAME=VALUE\)'),
+    ('tools/compiled_gradients.py', ['--paths', 'inductor:no_such_setting=1'], {},
+     r'--paths inductor:no_such_setting=1: torch._inductor.config has no no_such_setting'),
     ('tools/plot.py', ['missing.csv'], {}, r'.+'),  # no such file, or no matplotlib
     ('london_baseline.py', ['test.tsv'], {}, r'test.tsv has no gold places to compare with'),
 ]  # fmt: skip

@@ -96,3 +96,15 @@ def test_a_split_path_gives_inductor_its_side_only(tiny_model, monkeypatch, side
             continue
         eager = compiled_gradients.relative_error(results['eager'][1][n], g)
         assert compiled_gradients.relative_error(results[path][1][n], g) < 3 * eager + 1e-3, n
+
+
+def test_a_path_whose_gradients_are_not_finite_is_said_so():
+    fp32 = {'w': torch.tensor([1.0, 2.0]), 'key.bias': torch.tensor([1e-12, 0.0])}
+    eager = {'w': torch.tensor([1.01, 2.0]), 'key.bias': torch.tensor([1e-3, 0.0])}
+    broken = {'w': torch.tensor([float('nan'), 2.0]), 'key.bias': torch.tensor([0.0, 0.0])}
+    results = {0: {'fp32': (1.0, fp32), 'eager': (1.0, eager), 'p': (float('nan'), broken),
+                   'q': (1.0, eager)}}  # fmt: skip
+    text = compiled_gradients.report(results, ['p', 'q'])
+    assert "p: no comparison (its gradients are not finite, or eager's equal fp32's)" in text
+    assert "q: its gradients' error is 1.00x eager's (median over the parameters)" in text
+    assert '| key.bias | |g| 1.0e-03 | |g| 0.0e+00 | |g| 1.0e-03 |' in text

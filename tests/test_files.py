@@ -86,6 +86,7 @@ USER_ERRORS = [
      r'--params missing.params: no such file'),
     ('tools/bench.py', ['--concurrent', '2'], {},
      r'--concurrent 2: for CUDA GPUs only, and this runs on the cpu'),
+    ('tools/bench.py', ['--concurrent', '33'], {}, r'--concurrent 33: 32 runs at most'),
     ('tools/compiled_gradients.py', ['--paths', 'inductor', 'fast'], {},
      r'--paths fast: not a path \(inductor, aot_eager, inductor-forward, inductor-backward, '
      r'inductor:NAME=VALUE\)'),

@@ -384,6 +384,8 @@ def main(argv=None):
         gpu_only = [path for path in args.paths if path != 'eager']
         cuda_flags = [f"--paths {' '.join(gpu_only)}"] if gpu_only else []
         cuda_flags += [f"--concurrent {args.concurrent}"] if args.concurrent else []
+        if (args.concurrent or 0) > 32:  # each run's own capture stream, from a pool of 32
+            raise files.UserError(f"--concurrent {args.concurrent}: 32 runs at most")
         if cuda_flags and device != 'cuda':
             raise files.UserError(
                 f"{', '.join(cuda_flags)}: for CUDA GPUs only, and this runs on the {device}"

@@ -33,10 +33,13 @@ import machinery.cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN b
 import argparse
 import ast
 import contextlib
+import math
 import random
 import sys
 
 import torch
+import torch._functorch.config
+import torch._inductor.config
 
 import bench
 import dataset
@@ -194,8 +197,12 @@ def report(results, paths):
             ratios = sorted(
                 (relative_error(by_path[c][1][n], g) / relative_error(by_path['eager'][1][n], g), n)
                 for n, g in fp32_grads.items()
-                if n not in zero
+                if n not in zero and relative_error(by_path['eager'][1][n], g) > 0
             )
+            if not ratios or any(math.isnan(ratio) for ratio, _ in ratios):
+                lines.append(f"{c}: no comparison (its gradients are not finite, or eager's "
+                             f"equal fp32's)")  # fmt: skip
+                continue
             median, (worst, name) = ratios[len(ratios) // 2][0], ratios[-1]
             lines.append(
                 f"{c}: its gradients' error is {median:.2f}x eager's (median over the "

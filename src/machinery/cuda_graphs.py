@@ -25,10 +25,12 @@ The first WARMUP steps, and the first step of each new batch shape, run eagerly 
 stream (they compile the model, set up AdamW's moments, the scaler and the kernels the
 shape needs), as PyTorch's notes on whole-network capture ask; they are real steps, with
 the learning rate already the tensor the graphs read, so that a resumed run repeats them
-exactly. Each Graphs has a side stream of its own, and captures on it too: PyTorch gives
-cuBLAS one workspace per stream, which a graph keeps, so graphs captured on a stream of
-their own can be replayed at once on several streams (runs sharing a GPU) without two
-matrix products writing one workspace.
+exactly. Each Graphs has a side stream of its own (PyTorch's pool holds 32), and
+captures on it too: PyTorch gives cuBLAS one workspace per stream, which a graph keeps, so
+runs' graphs captured on streams of their own can be replayed at once on several streams
+(bench.py --concurrent) without two matrix products writing one workspace. Their dropout
+is not each run's own there: every graph draws from CUDA's one default generator, whose
+offset each replay sets first.
 A step that cannot be captured (a model that reads a tensor's value on the host, say)
 stops the run at its fourth step with one line naming the first error and --eager: a
 failed capture leaves CUDA's random generator unusable in the process.

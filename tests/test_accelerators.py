@@ -15,7 +15,7 @@ import run
 import trainer
 import utils
 from conftest import ROOT, packed_loss, stopped_at_call
-from machinery import decoding, resume
+from machinery import decoding, dropout, resume
 from test_distributed import csv_losses
 from test_model import SMALL, VARIANTS, make_gpt, ragged_batch
 from test_trainer import tiny_setup
@@ -42,9 +42,7 @@ def train_steps(device, precision, steps=5, compile=False):
     """The tiny setup without dropout: each step's loss, and the first step's gradients."""
     random.seed(0)
     gpt, ds, config = tiny_setup(precision=precision, device=device, compile=compile)
-    for m in gpt.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
+    dropout.switched_off(gpt)
     t = trainer.Trainer(gpt, ds, None, config)
     losses, first_grads = [], None
     for step in range(steps):

@@ -25,7 +25,7 @@ import dataset
 import run
 import trainer
 from conftest import ROOT, stopped_at_call, tiny_corpus
-from machinery import cuda_graphs, devices, resume
+from machinery import cuda_graphs, devices, dropout, resume
 from machinery.files import UserError
 from test_model import VARIANTS, make_gpt
 from test_trainer import tiny_setup
@@ -247,9 +247,7 @@ def train_variant(variant, compile, graphed, precision):
         lr_decay=False,
     )
     gpt = make_gpt(variant, ds.vocab_size, n_layer=3, n_head=2, n_embd=32)
-    for m in gpt.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
+    dropout.switched_off(gpt)
     t = trainer.Trainer(gpt, ds, None, config)
     losses, step = [], t.train_step
 
@@ -335,11 +333,7 @@ def replay_two_runs(precision):
 
     def model_without_dropout(vocab_size, variant, bottleneck_dim):
         torch.manual_seed(next(seeds))
-        gpt = run.new_model(variant, vocab_size, bottleneck_dim)
-        for m in gpt.modules():
-            if isinstance(m, torch.nn.Dropout):
-                m.p = 0.0
-        return gpt
+        return dropout.switched_off(run.new_model(variant, vocab_size, bottleneck_dim))
 
     bench.make_model = model_without_dropout
     params = []

@@ -10,7 +10,7 @@ import torch
 import dataset
 import trainer
 from conftest import main, tiny_corpus
-from machinery import devices, files, finetune_methods
+from machinery import devices, dropout, files, finetune_methods
 from test_model import VARIANTS, make_gpt
 
 
@@ -302,9 +302,7 @@ def test_compiled_training_equals_eager(monkeypatch, variant, method):
         random.seed(0)
         ds = dataset.CharCorruptionDataset(text, 32)
         gpt = make_gpt(variant, ds.vocab_size, n_layer=3, n_head=2, n_embd=16)
-        for m in gpt.modules():
-            if isinstance(m, torch.nn.Dropout):
-                m.p = 0.0
+        dropout.switched_off(gpt)
         finetune_methods.apply(gpt, method, **finetune_methods.DEFAULTS)
         config = trainer.TrainerConfig(
             max_epochs=1, batch_size=7, learning_rate=1e-3, device='cpu', compile=compiled

@@ -172,10 +172,9 @@ def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision
         synchronize()
         starts[path] = time.perf_counter() - start
         steps.append(step)
-        if graphed and t.graphed.captured:
-            (captured,) = t.graphed.captured.values()
-            if captured.graph is not None:
-                replays[path] = time_steps([captured.graph.replay], steps_per_path, device)[0]
+        graph = graph_of(t) if graphed and t.graphed.captured else None
+        if graph is not None:
+            replays[path] = time_steps([graph.replay], steps_per_path, device)[0]
     steps.insert(0, lambda t=t: t.batch(corpus, next(built) % t.steps_per_epoch))  # ours
     names = ['batch', 'plain', *paths]
     results = dict(zip(names, time_steps(steps, steps_per_path, device)))

@@ -45,7 +45,7 @@ import bench
 import dataset
 import run
 import trainer
-from machinery import devices, files
+from machinery import devices, dropout, files
 
 SPLIT = {'inductor-forward': 'forward', 'inductor-backward': 'backward'}
 
@@ -89,16 +89,9 @@ def inductor_on(side):
     return backend
 
 
-def without_dropout(gpt):
-    for m in gpt.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
-    return gpt
-
-
 def trained_weights(corpus, variant, device, after):
     """The model's state after each count in `after` of eager bf16 training steps."""
-    gpt = without_dropout(bench.make_model(corpus.vocab_size, variant))
+    gpt = dropout.switched_off(bench.make_model(corpus.vocab_size, variant))
     config = trainer.TrainerConfig(batch_size=128, learning_rate=6e-3, device=device,
                                    precision='bf16', cuda_graph=False)  # fmt: skip
     t = trainer.Trainer(gpt, corpus, None, config)
@@ -127,13 +120,6 @@ def relative_error(g, reference):
     return (torch.linalg.vector_norm(g - reference) / torch.linalg.vector_norm(reference)).item()
 
 
-def compiled_forward(gpt, path):
-    backend, _ = parse_path(path)
-    torch._dynamo.reset()
-    return torch.compile(gpt, backend=inductor_on(SPLIT[path]) if path in SPLIT else backend,
-                         **devices.COMPILE_OPTIONS)  # fmt: skip
-
-
 def uncached():
     """A context in which each path compiles afresh: no graph or kernels cached by another
     path (whose compiler the cache keys need not tell apart from inductor's own)."""
@@ -153,9 +139,11 @@ def measure(gpt, states, paths, x, y, device):
         results[count]['fp32'] = loss_and_gradients(gpt, gpt, x, y, 'fp32', device)
         results[count]['eager'] = loss_and_gradients(gpt, gpt, x, y, 'bf16', device)
     for path in paths:
-        changes = parse_path(path)[1]
+        backend, changes = parse_path(path)
+        backend = inductor_on(SPLIT[path]) if path in SPLIT else backend
         with uncached(), torch._inductor.config.patch(changes):
-            forward = compiled_forward(gpt, path)
+            torch._dynamo.reset()
+            forward = torch.compile(gpt, backend=backend, **devices.COMPILE_OPTIONS)
             for count, state in states.items():
                 gpt.load_state_dict(state)
                 results[count][path] = loss_and_gradients(gpt, forward, x, y, 'bf16', device)
@@ -186,19 +174,19 @@ def report(results, paths):
         lines.append('|---' * (len(columns) + 1) + '|')
         losses = [f"{by_path[c][0]:.5f}" for c in columns]
         lines.append('| loss | ' + ' | '.join(losses) + ' |')
-        for name, reference in fp32_grads.items():
+        measured = {n: g for n, g in fp32_grads.items() if n not in zero}
+        errors = {c: {n: relative_error(by_path[c][1][n], g) for n, g in measured.items()}
+                  for c in columns}  # fmt: skip
+        for name in fp32_grads:
             if name in zero:
                 norms = [torch.linalg.vector_norm(by_path[c][1][name]).item() for c in columns]
                 cells = [f"|g| {norm:.1e}" for norm in norms]
             else:
-                cells = [f"{relative_error(by_path[c][1][name], reference):.2e}" for c in columns]
+                cells = [f"{errors[c][name]:.2e}" for c in columns]
             lines.append(f"| {name} | " + ' | '.join(cells) + ' |')
+        eager = errors['eager']
         for c in paths:
-            ratios = sorted(
-                (relative_error(by_path[c][1][n], g) / relative_error(by_path['eager'][1][n], g), n)
-                for n, g in fp32_grads.items()
-                if n not in zero and relative_error(by_path['eager'][1][n], g) > 0
-            )
+            ratios = sorted((errors[c][n] / eager[n], n) for n in eager if eager[n] > 0)
             if not ratios or any(math.isnan(ratio) for ratio, _ in ratios):
                 lines.append(f"{c}: no comparison (its gradients are not finite, or eager's "
                              f"equal fp32's)")  # fmt: skip

@@ -23,6 +23,15 @@ class Dropout(nn.Dropout):
         return _CpuDropout.apply(x, self.p)
 
 
+def switched_off(model):
+    """model with each of its dropout layers' p set to 0 (torch's and this module's): for
+    comparisons of two ways of running it, which would draw other masks."""
+    for layer in model.modules():
+        if isinstance(layer, nn.Dropout):
+            layer.p = 0.0
+    return model
+
+
 def use_in(model):
     """Makes each of model's torch nn.Dropout layers a Dropout of this module (the same
     layer, p and all: only how the CPU draws its masks differs)."""

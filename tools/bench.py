@@ -128,6 +128,13 @@ PATHS = {
 }
 
 
+def step_config(device, precision, **ways):
+    """The Trainer's settings of every timed step: the pretraining's batch of 128 and its
+    learning rate, 6e-3; `ways` are how the step runs (compile, cuda_graph)."""
+    return trainer.TrainerConfig(batch_size=128, learning_rate=6e-3, device=device,
+                                 precision=precision, **ways)  # fmt: skip
+
+
 def first_batch(corpus):
     """The batch every step is timed on: the first 128 documents' span corruptions, seeded."""
     random.seed(0)
@@ -147,14 +154,8 @@ def bench_pretraining(corpus, steps_per_path, variant, bottleneck_dim, precision
     for path in ['plain', *paths]:
         compile, graphed = PATHS.get(path, (False, False))
         gpt = make_model(corpus.vocab_size, variant, bottleneck_dim)
-        config = trainer.TrainerConfig(
-            batch_size=128,
-            learning_rate=6e-3,
-            device=device,
-            precision='fp32' if path == 'plain' else precision,
-            compile=compile,
-            cuda_graph=graphed,
-        )
+        config = step_config(device, 'fp32' if path == 'plain' else precision,
+                             compile=compile, cuda_graph=graphed)  # fmt: skip
         t = trainer.Trainer(gpt, corpus, None, config)
         if path == 'plain':
             torch_dropout(gpt)
@@ -188,8 +189,7 @@ def graphed_runs(corpus, k, variant, bottleneck_dim, precision):
     bench's batch), each stepped until its graph is captured and replayed once: their
     trainers, which own the memory their graphs read and write."""
     x, y = first_batch(corpus)
-    config = trainer.TrainerConfig(batch_size=128, learning_rate=6e-3, device='cuda',
-                                   precision=precision, cuda_graph=True)  # fmt: skip
+    config = step_config('cuda', precision, cuda_graph=True)
     runs = []
     for _ in range(k):
         t = trainer.Trainer(make_model(corpus.vocab_size, variant, bottleneck_dim), corpus,

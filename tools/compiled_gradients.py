@@ -92,9 +92,7 @@ def inductor_on(side):
 def trained_weights(corpus, variant, device, after):
     """The model's state after each count in `after` of eager bf16 training steps."""
     gpt = dropout.switched_off(bench.make_model(corpus.vocab_size, variant))
-    config = trainer.TrainerConfig(batch_size=128, learning_rate=6e-3, device=device,
-                                   precision='bf16', cuda_graph=False)  # fmt: skip
-    t = trainer.Trainer(gpt, corpus, None, config)
+    t = trainer.Trainer(gpt, corpus, None, bench.step_config(device, 'bf16', cuda_graph=False))
     random.seed(1)
     states, done = {}, 0
     for count in sorted(set(after)):

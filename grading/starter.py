@@ -36,12 +36,15 @@ EDITIONS = tuple(grade.EDITIONS)  # 2024 covers 2025
 # what the starter holds: the code, the grader to check it with, and the data's README;
 # never the tests (they test our solution), the published results or the starter writer.
 # Of src/, the machinery package and the modules the handout's scripts import
-# (handout_modules): not the research layer or our tools (bench, reproduce, plot, ...)
+# (handout_modules); of tools/, the data fetch alone: not the research layer or our other
+# tools (bench, reproduce, plot, ...)
 INCLUDED = [
     'src/machinery',
     'grading',
     'mingpt-demo',
     'data/README.md',
+    'tools/get_data.py',
+    'tools/import_paths.py',
     'london_baseline.py',
     'collect_submission.sh',
     'colab.ipynb',
@@ -62,9 +65,9 @@ REPLACED = {
     'collect_submission.sh': [('edition="${1:-2021}"', 'edition="${{1:-{edition}}}"')],
     'data/README.md': [
         (
-            '; on the course machines they sit beside this\nproject in `../shared/data/`:\n\n'
-            '    cp ../shared/data/* data/\n',
-            '.\n',
+            'On the course machines the files sit beside this project in `../shared/data/`:\n\n'
+            '    cp ../shared/data/* data/\n\n',
+            '',
         )
     ],
     '.gitignore': [
@@ -109,8 +112,11 @@ README = """# The assignment's starter ({edition} edition: vanilla and {variant}
 
     pip install -r requirements.txt
 
-Then put the four data files (wiki.txt, birth_places_train.tsv, birth_dev.tsv,
-birth_test_inputs.tsv) in data/ (data/README.md).
+(On Linux without an NVIDIA GPU, first `pip install "torch>=2.8,<2.16" --index-url
+https://download.pytorch.org/whl/cpu`: the CPU build, 1.1 GB where plain pip brings 5.5 GB
+of CUDA.) The data comes by itself: the first command that needs it fetches the course's
+four files into data/ and checks them; offline, `python tools/get_data.py --from a5.zip`
+takes the course's starter zip you have (data/README.md).
 
 ## What you write
 

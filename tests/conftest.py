@@ -14,8 +14,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / folder) for folder in ('src', 'research', 'tools')]
 import machinery.cpu_libraries  # noqa: E402,F401 (before torch loads, as the scripts do)
 
+import contextlib  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
+import signal  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 
@@ -25,6 +27,9 @@ import run  # noqa: E402
 
 DATA_FILES = ['wiki.txt', 'birth_places_train.tsv', 'birth_dev.tsv', 'birth_test_inputs.tsv']
 SHARED_DATA = ROOT.parent / 'shared' / 'data'
+NO_DATA = (
+    "needs the assignment's data in data/: python tools/get_data.py fetches it (data/README.md)"
+)
 
 NAMES = [
     'Ada Lovelace',
@@ -47,7 +52,59 @@ NAMES = [
 PLACES = ['London', 'Paris', 'Vienna', 'Berlin', 'Rome', 'Oslo', 'Prague', 'Madrid']
 
 
+# the tests never reach the course's addresses: a missing data file fails at once, or is
+# fetched from a source a test gives (tests/test_course_data.py)
+os.environ['COURSE_DATA_SOURCES'] = ''
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+stops = []  # the stop signals the suite received
+
+
+def stop_the_suite(signum, frame):
+    """Ctrl-C or SIGTERM: the running test is interrupted, and pytest ends with its
+    interrupted summary. A test that turns the KeyboardInterrupt into something else (run.py
+    exits with 130) still stops the suite after it (pytest_runtest_protocol); a training's
+    Stopper saves its state, then passes the stop on here."""
+    stops.append(signum)
+    raise KeyboardInterrupt
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    yield
+    if stops:
+        item.session.shouldstop = f"stopped by {signal.Signals(stops[0]).name}"
+
+
+@pytest.fixture(autouse=True)
+def stop_signals_restored():
+    """No test leaves a signal handler of its own (a run's Stopper) in pytest's process."""
+    yield
+    left = {s: signal.getsignal(s) for s in STOP_SIGNALS if signal.getsignal(s) != stop_the_suite}
+    for signum in left:
+        signal.signal(signum, stop_the_suite)
+    assert not left, f"the test left its own handlers installed: {left}"
+
+
+@contextlib.contextmanager
+def run_signal_handlers():
+    """Python's own handlers of Ctrl-C and SIGTERM, as a run's process has them, for a test
+    that signals its own process to stop a training in it."""
+    for signum in STOP_SIGNALS:
+        signal.signal(
+            signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+        )
+    try:
+        yield
+    finally:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, stop_the_suite)
+
+
 def pytest_configure(config):
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, stop_the_suite)
     for name in DATA_FILES:
         target = ROOT / 'data' / name
         if not target.exists() and (SHARED_DATA / name).exists():
@@ -59,10 +116,7 @@ def real_data():
     """Path of data/, or a skip when the assignment's files are not there."""
     missing = [n for n in DATA_FILES if not (ROOT / 'data' / n).exists()]
     if missing:
-        pytest.skip(
-            f"needs the assignment's data in data/ (missing: {', '.join(missing)}); "
-            f"see data/README.md"
-        )
+        pytest.skip(f"{NO_DATA}; missing: {', '.join(missing)}")
     return ROOT / 'data'
 
 

@@ -16,7 +16,7 @@ import zipfile
 
 import pytest
 
-from conftest import ROOT
+from conftest import NO_DATA, ROOT
 from test_grading import MACHINERY, make_submission
 from test_textbook import GETITEM, fill
 
@@ -55,7 +55,7 @@ def check_results(results):
 def ours(tmp_path_factory):
     """Our submission's folder, with the zip collect_submission.sh makes for each edition."""
     if not (ROOT / 'data' / 'wiki.txt').exists():
-        pytest.skip("needs the assignment's data in data/ (data/README.md)")
+        pytest.skip(NO_DATA)
     folder = make_submission(tmp_path_factory.mktemp('ours'))
     shutil.copy(ROOT / 'collect_submission.sh', folder)
     for edition, name in ZIPS.items():

@@ -5,6 +5,7 @@ disconnect). Each starter carries it too, written for its edition and its studen
 (grading/starter.py): run the same way in a starter filled with the textbook answers, it
 trains the starter's own code and grades what that wrote."""
 
+import hashlib
 import json
 import os
 import re
@@ -90,9 +91,11 @@ def test_a_starters_notebook_is_ours_fixed_to_its_edition_and_its_students_folde
     assert not [w for w in others if re.search(rf'\b{w}', text, re.IGNORECASE)]
 
 
-def with_the_data(folder, tiny):
-    """The tiny corpus's files in folder/data/, under the handout's names."""
+def with_the_data(folder, tiny, monkeypatch):
+    """The tiny corpus's files in folder/data/, under the handout's names, their sums
+    recorded as a class's own data's (COURSE_DATA_MD5)."""
     (folder / 'data').mkdir(exist_ok=True)
+    sums = []
     for ours, handout in [
         ('wiki.txt', 'wiki.txt'),
         ('train.tsv', 'birth_places_train.tsv'),
@@ -100,6 +103,8 @@ def with_the_data(folder, tiny):
         ('test.tsv', 'birth_test_inputs.tsv'),
     ]:
         shutil.copy(tiny / ours, folder / 'data' / handout)
+        sums.append(f"{handout}={hashlib.md5((tiny / ours).read_bytes()).hexdigest()}")
+    monkeypatch.setenv('COURSE_DATA_MD5', ' '.join(sums))
 
 
 def headless(notebook, folder, grading=True):
@@ -143,14 +148,14 @@ def assert_results(folder, variant):
 
 
 @pytest.mark.slow
-def test_the_notebook_runs_headless_and_again_skips_what_exists(tiny):
-    for relative in ['src', 'grading', 'london_baseline.py', 'collect_submission.sh']:
+def test_the_notebook_runs_headless_and_again_skips_what_exists(tiny, monkeypatch):
+    for relative in ['src', 'grading', 'tools', 'london_baseline.py', 'collect_submission.sh']:
         source = ROOT / relative
         if source.is_dir():
             shutil.copytree(source, tiny / relative, ignore=shutil.ignore_patterns('__pycache__'))
         else:
             shutil.copy(source, tiny / relative)
-    with_the_data(tiny, tiny)
+    with_the_data(tiny, tiny, monkeypatch)
     first = headless(NOTEBOOK, tiny)
     assert 'data/ is ready' in first
     assert_results(tiny, 'synthesizer')
@@ -162,7 +167,7 @@ def test_the_notebook_runs_headless_and_again_skips_what_exists(tiny):
 
 
 @pytest.mark.slow
-def test_a_starters_notebook_trains_the_students_code_and_grades_it(tiny):
+def test_a_starters_notebook_trains_the_students_code_and_grades_it(tiny, monkeypatch):
     """In a 2021 starter filled with the textbook answers: every run.py command is the
     starter's own, the results are written in its folder, and the grader's table gives
     its code full marks and reads its params and predictions."""
@@ -177,7 +182,7 @@ def test_a_starters_notebook_trains_the_students_code_and_grades_it(tiny):
     text = run_py.read_text(encoding='utf-8')
     assert text.count(main) == 1
     run_py.write_text(text.replace(main, main + mark), encoding='utf-8')
-    with_the_data(folder, tiny)
+    with_the_data(folder, tiny, monkeypatch)
 
     output = headless(folder / 'colab.ipynb', folder)
     assert 'data/ is ready' in output

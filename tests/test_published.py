@@ -7,10 +7,10 @@ import pytest
 
 import grid
 import utils
-from conftest import ROOT
+from conftest import NO_DATA, ROOT
 
 DEV = ROOT / 'data' / 'birth_dev.tsv'
-NEEDS_DATA = pytest.mark.skipif(not DEV.exists(), reason="needs the assignment's data in data/")
+NEEDS_DATA = pytest.mark.skipif(not DEV.exists(), reason=NO_DATA)
 # README's reference rows and their predictions in results/ (None: London for everyone)
 REFERENCE_ROWS = {
     'vanilla, no pretraining (part d)': 'vanilla.nopretrain',

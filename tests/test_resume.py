@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import trainer
+from conftest import run_signal_handlers
 from machinery import files, resume
 from test_trainer import tiny_setup
 
@@ -38,8 +39,9 @@ def train_to_end(tmp_path, interrupt_at=None, precision='fp32', prepare=lambda g
     if interrupt_at is not None:
         steps_per_epoch = math.ceil(len(ds) / config.batch_size)
         epoch, step = divmod(interrupt_at - 1, steps_per_epoch)
-        with pytest.raises(
-            resume.TrainingInterrupted, match=f"epoch {epoch + 1}, step {step + 1};"
+        with (
+            run_signal_handlers(),
+            pytest.raises(resume.TrainingInterrupted, match=f"epoch {epoch + 1}, step {step + 1};"),
         ):
             trainer.Trainer(gpt, ds, None, config).train()
         assert (tmp_path / 'state.resume').exists()

@@ -1,5 +1,6 @@
 """Reading the user's files and writing ours, safely: input text checked and read as the
-original's text-mode open() read it, bare file names found in data/, files written
+original's text-mode open() read it, bare file names found in data/ (the course's files
+checked there, and fetched when absent: course_data.py), files written
 whole or not at all, and torch files loaded without running anything in them. Every
 problem is a UserError: one line for the user, no traceback; report prints it, as every
 script does.
@@ -31,10 +32,15 @@ def report(error):
 
 def find_data_file(path):
     """`path` itself if it exists, else data/`path` for a bare file name, so that the
-    handout's commands (`... wiki.txt ...`) work from the repo root."""
-    if not os.path.exists(path) and os.path.dirname(path) == '' and (DATA_DIR / path).exists():
-        return str(DATA_DIR / path)
-    return path
+    handout's commands (`... wiki.txt ...`) work from the repo root. One of the course's
+    files is checked there, and fetched first when data/ lacks it (course_data.py)."""
+    from machinery import course_data  # it imports this module
+
+    if os.path.exists(path) or os.path.dirname(path) != '':
+        return path
+    if path in course_data.FILES:
+        return str(course_data.find(path))
+    return str(DATA_DIR / path) if (DATA_DIR / path).exists() else path
 
 
 def read_text(path):

@@ -76,15 +76,18 @@ class Stopper:
     stops at once, except under torchrun, which passes the terminal's Ctrl-C on to its
     processes a second time (and kills them itself if they linger). Used as a context
     manager around the training loop, where the signal handlers are installed, for a run
-    that keeps a state (resume_path)."""
+    that keeps a state (resume_path); on leaving it, a stop signal received is passed on
+    to a handler of the caller's own that it replaced (pytest's, in the tests)."""
 
     def __init__(self, resume_path, distributed=False):
         self.enabled = resume_path is not None
         self.distributed = distributed
-        self.signal = None  # the stop signal received, if any
+        self.signal = None  # the stop asked for (a signal's number), if any
+        self.received = None  # the stop signal this one's handler received, if any
         self.handlers = {}
 
     def __enter__(self):
+        self.received = None
         if self.enabled and threading.current_thread() is threading.main_thread():
             signals = (signal.SIGINT, signal.SIGTERM)
             self.handlers = {s: signal.signal(s, self.ask_to_stop) for s in signals}
@@ -93,11 +96,17 @@ class Stopper:
     def __exit__(self, *exception):
         for signum, handler in self.handlers.items():
             signal.signal(signum, handler)
+        # the state is saved: a handler of someone's own that this one replaced (a test
+        # runner's, a program's that runs training inside it) hears of the stop too; Python's
+        # default ones are left out, as the run's own stop has answered them
+        replaced = self.handlers.get(self.received)
+        if callable(replaced) and replaced is not signal.default_int_handler:
+            replaced(self.received, None)
 
     def ask_to_stop(self, signum, frame):
         if self.signal is not None and not self.distributed:
             raise KeyboardInterrupt
-        self.signal = signum
+        self.signal = self.received = signum
 
     def asked(self):
         return self.signal is not None

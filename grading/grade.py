@@ -44,6 +44,7 @@ import probes
 ROOT = Path(__file__).resolve().parent.parent
 ARCHITECTURES = Path(__file__).with_name('architectures.json')
 DATA_FILES = ('wiki.txt', 'birth_places_train.tsv', 'birth_dev.tsv', 'birth_test_inputs.tsv')
+FETCH_DATA = "python tools/get_data.py fetches the course's four files into data/; data/README.md"
 ACCURACY_FILE = 'london_baseline_accuracy.txt'
 
 # What differs between the editions: the variant beside vanilla and the flags its commands
@@ -71,6 +72,28 @@ class Fail(Exception):
     """A test's failure, with its one-line reason."""
 
 
+class Unwritten(Fail):
+    """A test that could not run: a stub of the starter raised, the test's own part or one
+    it goes through (the vanilla model's architecture is read through finetune). stub:
+    probes.unwritten's {'parts', 'what', 'in', 'file'}."""
+
+    def __init__(self, line, stub):
+        super().__init__(line)
+        self.stub = stub
+
+    def reason(self, part):
+        """'needs part (c) finetune in src/run.py, not written yet', naming the test's own
+        part where the stub has several ([part c] [part f]), else the stub's first."""
+        parts = self.stub.get('parts') or ['?']
+        letter = part if part in parts else parts[0]
+        what, where = self.stub.get('what'), self.stub.get('file')
+        if self.stub.get('in'):  # an if's stub, inside a function
+            what += f" in {self.stub['in']}" + (f" ({where})" if where else '')
+        elif where:
+            what += f" in {where}"
+        return f"needs part ({letter}) {what}, not written yet"
+
+
 # --- The tests ----------------------------------------------------------------------------
 
 
@@ -79,14 +102,18 @@ class Test:
         self.name, self.points, self.check = name, points, check
         self.editions, self.probes, self.answers, self.hint = editions, probes, answers, hint
 
-    def reason(self, failure):
-        """A failure's line, and what to do where it does not say so itself: for a missing
-        output, the commands that write it; else what to check."""
+    def reason(self, failure, edition=None):
+        """A failure's line, and what to do where it does not say so itself: for a part not
+        written yet, which (Unwritten.reason); for a missing output, the commands that write
+        it; else what to check (the hint, for the edition's fields where it is a function)."""
+        if isinstance(failure, Unwritten):
+            return failure.reason(self.name[1])
         said = str(failure)
+        hint = self.hint(edition) if callable(self.hint) else self.hint
         if said.endswith(' is missing'):
             said += f"; {RUN_IT}"
-        elif self.hint and 'check ' not in said:
-            said += f"; {self.hint}"
+        elif hint and 'check ' not in said:
+            said += f"; {hint}"
         return said
 
 
@@ -96,7 +123,8 @@ TESTS = []
 def test(name, points, editions=tuple(EDITIONS), probes=(), answers=False, hint=None):
     """Registers check(g) as a test; `name` starts with the handout's part and may use the
     edition's fields ({variant}, {vanilla_dev}, ...). check raises Fail to fail; `hint`,
-    in the handout's terms, says what to check (added to a failure that does not)."""
+    in the handout's terms, says what to check (added to a failure that does not): a
+    string, or a function of the edition's fields where it names the edition's settings."""
 
     def register(check):
         TESTS.append(Test(name, points, check, editions, probes, answers, hint))
@@ -111,6 +139,19 @@ ACCURACY = (
     "grading/learning_check.py` tells in minutes whether it trains as a correct one does, "
     "and where not"
 )
+# What each edition's part g sets in GPTConfig and builds, and what of it has block_size
+# positions (to be cut to T): the hints name the student's edition's alone.
+VARIANT_PARTS = {
+    'synthesizer': dict(
+        config='synthesizer=True', model='model.GPT', positions='the causal mask, w2 and b2'
+    ),
+    'perceiver': dict(
+        config="bottleneck_dim, new_model's argument",
+        model='perceiver.PerceiverGPT',
+        positions='the causal mask',
+    ),
+    'rope': dict(config='rope=True', model='model.GPT', positions='the causal mask, rope_cache'),
+}
 SPAN = (
     "check __getitem__ (part e): truncate to a random length from 4 to int(block_size*7/8) "
     "(at most the document's), mask a span a quarter of that length on average, build "
@@ -155,10 +196,10 @@ def vanilla_model_params(g):
     "(d) London baseline: london_baseline.py's accuracy",
     2,
     probes=['london'],
-    hint=(
+    hint=lambda edition: (
         "check london_baseline.py (part d): it predicts London for every question of "
-        "birth_dev.tsv and prints the accuracy utils.evaluate_places gives (2024: and "
-        "writes it to london_baseline_accuracy.txt)"
+        "birth_dev.tsv and prints the accuracy utils.evaluate_places gives"
+        + (f" and writes it to {ACCURACY_FILE}" if edition['london_file'] else '')
     ),
 )
 def london_printed(g):
@@ -432,9 +473,9 @@ def vanilla_test(g):
     "(g) the {variant} model: the handout's architecture",
     2,
     probes=['variant'],
-    hint=(
-        "check new_model (part g): the variant's setting in GPTConfig "
-        "(synthesizer=True, bottleneck_dim, rope=True) and its model class"
+    hint=lambda edition: (
+        "check new_model (part g): the {variant}'s setting in GPTConfig ({config}) and its "
+        "model class, {model}".format(**edition, **VARIANT_PARTS[edition['variant']])
     ),
 )
 def variant_architecture(g):
@@ -474,10 +515,10 @@ def variant_test(g):
     "its forward does: on rows of several lengths (fp32, bf16), one character at a time",
     2,
     probes=['machinery'],
-    hint=(
-        "check the code you wrote (part g): what has block_size positions (a causal mask, "
-        "a weight or bias per position, rope_cache) must be cut to the T positions of its "
-        "input, which training and evaluate often make fewer than block_size"
+    hint=lambda edition: (
+        "check the code you wrote (part g): what has block_size positions ({positions}) "
+        "must be cut to the T positions of its input, which training and evaluate often "
+        "make fewer than block_size".format(**VARIANT_PARTS[edition['variant']])
     ),
 )
 def variant_machinery(g):
@@ -1081,6 +1122,8 @@ class Grading:
 
     def probe(self, key):
         outcome = self.results[key]
+        if outcome.get('unwritten'):
+            raise Unwritten(outcome['error'], outcome['unwritten'])
         if 'error' in outcome:
             raise Fail(outcome['error'])
         return outcome['ok']
@@ -1188,7 +1231,7 @@ def grade(submission, edition_name, data, answers=None, timeout=60, jobs=None, o
                 t.check(g)
                 rows.append((name, t.points, t.points, None))
             except Fail as e:
-                rows.append((name, 0, t.points, t.reason(e)))
+                rows.append((name, 0, t.points, t.reason(e, g.edition)))
             except Exception as e:  # what the grader did not foresee fails one test, not all
                 rows.append((name, 0, t.points, f"grader error: {type(e).__name__}: {e}"))
     return rows
@@ -1238,7 +1281,7 @@ def check_data(data):
     """Refuses a --data folder that lacks one of the assignment's data files."""
     for name in DATA_FILES:
         if not (data / name).is_file():
-            raise UserError(f"--data {data}: {name} is missing (data/README.md)")
+            raise UserError(f"--data {data}: {name} is missing ({FETCH_DATA})")
 
 
 def read_answers(path, data):

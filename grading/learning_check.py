@@ -98,11 +98,12 @@ def last_error(output, folder):
     return (lines[-1] if lines else 'no output') + where
 
 
-def crash_line(stage, output, folder):
-    """What stopped a stage: the error's line, and for a size mismatch what to check."""
+def crash_line(stage, output, folder, variant):
+    """What stopped a stage: the error's line, and for a size mismatch what of the
+    variant's to check."""
     error = last_error(output, folder)
     sizes = 'must match the size' in error or 'shape' in error
-    return f"{CRASHED[stage]}: {error}" + (SIZES if sizes else '')
+    return f"{CRASHED[stage]}: {error}" + (sizes_hint(variant) if sizes else '')
 
 
 def run_phase(folder, argv, work):
@@ -146,11 +147,18 @@ LOW_RECALL = (
     "(it loads --reading_params_path and trains on the NameDataset of "
     "--finetune_corpus_path) and new_model (part c)"
 )
-SIZES = (
-    "; a size that does not match: check that what has block_size positions (a causal mask, "
-    "a weight or bias per position, rope_cache) is cut to the T positions of the input, "
-    "which training often gives fewer than block_size (part g)"
-)
+
+
+def sizes_hint(variant):
+    """What to check for a size that does not match, in the variant's terms."""
+    positions = grade.VARIANT_PARTS[variant]['positions']
+    return (
+        f"; a size that does not match: check that what has block_size positions ({positions}) "
+        "is cut to the T positions of the input, which training often gives fewer than "
+        "block_size (part g)"
+    )
+
+
 TRAINS = (
     "Your pipeline trains as a correct one does. Whether pretraining puts knowledge within "
     "reach of questions the finetuning never saw, only the full run tells (the handout's "
@@ -198,7 +206,7 @@ def check(folder, edition, seed, work, settings=SETTINGS, people=PEOPLE, data=No
         folder, ['pretrain', *common, '--writing_params_path', str(pretrained),
                  *settings['pretrain']], work)  # fmt: skip
     if status:
-        return report + ["1. " + crash_line('pretrain', output, folder)], False
+        return report + ["1. " + crash_line('pretrain', output, folder, variant)], False
     loss = late_loss(f'{pretrained}.metrics.csv')
     low, high = correct['loss']
     line = (
@@ -214,14 +222,14 @@ def check(folder, edition, seed, work, settings=SETTINGS, people=PEOPLE, data=No
                  '--writing_params_path', str(finetuned), '--finetune_corpus_path',
                  questions_path, *settings['finetune']], work)  # fmt: skip
     if status:
-        return report + ["2. " + crash_line('finetune', output, folder)], False
+        return report + ["2. " + crash_line('finetune', output, folder, variant)], False
     predictions = work / 'questions.predictions'
     status, output, more = run_phase(
         folder, ['evaluate', *common, '--reading_params_path', str(finetuned),
                  '--eval_corpus_path', questions_path, '--outputs_path', str(predictions)],
         work)  # fmt: skip
     if status:
-        return report + ["2. " + crash_line('evaluate', output, folder)], False
+        return report + ["2. " + crash_line('evaluate', output, folder, variant)], False
     right, total = recalled(predictions.read_text(encoding='utf-8'), questions)
     line = (
         f"2. finetune ({' '.join(settings['finetune'])}) and evaluate on the same {total} "
@@ -254,7 +262,7 @@ def main(argv=None):
     data = Path(args.data) if args.data else folder / 'data'
     for name in grade.DATA_FILES:
         if not (data / name).is_file():
-            sys.exit(f"error: {data / name}: missing (see data/README.md)")
+            sys.exit(f"error: {data / name}: missing ({grade.FETCH_DATA})")
     edition = grade.guess_edition(folder, folder)
     variant = grade.EDITIONS[edition]['variant']
     print(

@@ -23,6 +23,7 @@ import inspect
 import math
 import os
 import random
+import re
 import runpy
 import sys
 import traceback
@@ -57,8 +58,8 @@ class Captured(BaseException):
 
 def run_probe(name, folder, inputs, log, result):
     """The process's whole work: the probe `name` on the arguments saved in `inputs`, in
-    `folder`, its stdout and stderr in `log`; {'ok': what it found} or {'error': a line}
-    saved to `result`."""
+    `folder`, its stdout and stderr in `log`; {'ok': what it found} or {'error': a line},
+    with 'unwritten' (unwritten's) where a starter's stub raised, saved to `result`."""
     arguments = torch.load(inputs, weights_only=True)
     os.environ['CUDA_VISIBLE_DEVICES'] = ''  # on the CPU, as the checks' numbers are
     descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -70,12 +71,17 @@ def run_probe(name, folder, inputs, log, result):
     sys.path[:] = [os.path.join(folder, 'src'), folder] + others
     sys.argv = [name]
     torch.set_num_threads(1)  # probes run side by side
+    stub = None
     try:
         outcome = {'ok': PROBES[name](**arguments)}
     except Failure as e:
         outcome = {'error': str(e)}
+        stub = unwritten(e, folder)
     except BaseException as e:  # the submission's exception, exit or interrupt, in a line
         outcome = {'error': one_line(e, folder)}
+        stub = unwritten(e, folder)
+    if stub:
+        outcome['unwritten'] = stub
     sys.stdout.flush()
     sys.stderr.flush()
     torch.save(outcome, result)
@@ -97,6 +103,50 @@ def one_line(error, folder):
         if os.path.abspath(frame.filename).startswith(os.path.abspath(folder) + os.sep)
     ]
     return text + (f" ({where[-1]})" if where else '')
+
+
+# the starter's stubs' message: '[part c] [part f] write finetune (its docstring says what)'
+STUB = re.compile(r'^((?:\[part [a-g]\] )+)(.*)$')
+
+
+def unwritten(error, folder):
+    """The starter's stub that `error` comes from, directly or as what it was raised while
+    handling (a probe's Failure, say): {'parts': ['c', 'f'], 'what': 'finetune', 'in':
+    None, 'file': 'src/run.py'}, where `what` is the function the stub stands for ('write
+    X' in its message) or else its words ('the buffer rope_cache') and `in` the function
+    it is in ('CausalSelfAttention.__init__'); None where no stub raised."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        match = STUB.match(str(error)) if isinstance(error, NotImplementedError) else None
+        if match:
+            return stub_place(error, match, folder)
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def stub_place(error, match, folder):
+    """unwritten's answer for the stub's NotImplementedError and its message's match."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    frame = tb.tb_frame if tb is not None else None
+    inside = frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(
+        os.path.abspath(folder) + os.sep
+    )
+    where = os.path.relpath(frame.f_code.co_filename, folder) if inside else None
+    labels, said = match.groups()
+    found = {'parts': re.findall(r'\[part ([a-g])\]', labels), 'file': where, 'in': None}
+    named = re.match(r'write ([\w.]+)', said)
+    if named:
+        found['what'] = named.group(1)
+    else:  # an if's stub: its words up to their explanation, and the function it is in
+        found['what'] = re.split(r':| \(', said)[0].strip()
+        if frame is not None:
+            owner = frame.f_locals.get('self')
+            function = frame.f_code.co_name
+            found['in'] = f"{type(owner).__name__}.{function}" if owner is not None else function
+    return found
 
 
 def plain(value):
@@ -308,14 +358,14 @@ def machinery(variant, vocab_size=40, block_size=128):
             if differs:
                 raise Failure(
                     f"{what}: loss {loss.item():.6g}, where your model on the whole padded rows "
-                    f"gives {plain.item():.6g}: {DEPENDS_ON_LATER}"
+                    f"gives {plain.item():.6g}: {depends_on_later(variant)}"
                 )
             for n, g in plain_grads.items():
                 error = (grads[n] - g).abs().max().item()
                 if error > 1e-3 * (1 + g.abs().max().item()):
                     raise Failure(
                         f"{what}: the gradient of {n} is off by {error:.3g} from the whole "
-                        f"padded rows' gradient: {DEPENDS_ON_LATER}"
+                        f"padded rows' gradient: {depends_on_later(variant)}"
                     )
         elif abs(loss.item() - plain.item()) > 0.05 * plain.item():
             raise Failure(
@@ -342,7 +392,7 @@ def machinery(variant, vocab_size=40, block_size=128):
         if k is None:
             raise Failure(
                 f"{what}: {len(ours)} characters, where utils.sample, running the whole "
-                f"sequence each step, gives {len(plain_ids)}: {POSITIONS}"
+                f"sequence each step, gives {len(plain_ids)}: {positions(variant)}"
             )
         with torch.no_grad():
             logits = gpt(whole[:, : len(prompt) + k])[0][0, -1]
@@ -350,23 +400,33 @@ def machinery(variant, vocab_size=40, block_size=128):
         if best[0] - best[1] > 1e-4:
             raise Failure(
                 f"{what}: character {k + 1} after a prompt of {len(prompt)} differs from "
-                f"utils.sample's, which runs the whole sequence each step: {POSITIONS}"
+                f"utils.sample's, which runs the whole sequence each step: {positions(variant)}"
             )
     return {'loss': plain.item()}
 
 
-# What a mismatch between the same model's two ways of running means for the student's code.
-DEPENDS_ON_LATER = (
-    "your model's output at a position depends on the positions after it, or on how many "
-    "positions the input has; check the causal mask (part g) and that what you cut to the "
-    "input's T positions (the mask, the synthesizer's w2 and b2, rope_cache) is cut to T, "
-    "not to block_size"
-)
-POSITIONS = (
-    "the output at a position must depend only on the characters up to it and on the "
-    "position's number; check the causal mask and, with RoPE, that position t is rotated "
-    "by t theta_i whatever the input's length (part g)"
-)
+# What a mismatch between the same model's two ways of running means for the student's
+# code, in the variant's terms: what its part g cuts to the input's T positions
+CUT_TO_T = {'synthesizer': "the mask, the synthesizer's w2 and b2", 'rope': 'the mask, rope_cache'}
+
+
+def depends_on_later(variant):
+    """What a loss or gradient of training unlike the model's own forward's means."""
+    return (
+        "your model's output at a position depends on the positions after it, or on how many "
+        "positions the input has; check the causal mask (part g) and that what you cut to the "
+        f"input's T positions ({CUT_TO_T.get(variant, 'the mask')}) is cut to T, not to "
+        "block_size"
+    )
+
+
+def positions(variant):
+    """What decoding one character at a time unlike utils.sample means."""
+    rope = " and, with RoPE, that position t is rotated by t theta_i whatever the input's length"
+    return (
+        "the output at a position must depend only on the characters up to it and on the "
+        f"position's number; check the causal mask{rope if variant == 'rope' else ''} (part g)"
+    )
 
 
 def reads_no_later_position(gpt, vocab_size, T):

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from machinery import files
+from machinery import checks, files
 
 PAD_CHAR = "\u25a1"  # id 0: never a target (the loss ignores id 0)
 MASK_CHAR = "\u2047"  # id 1: marks where the masked span was, and where an answer starts and ends
@@ -168,8 +168,10 @@ if __name__ == '__main__':
     args = argp.parse_args()
 
     corruption_dataset = CharCorruptionDataset(files.read_text('wiki.txt'), 128)
+    path = 'wiki.txt'
     if args.dataset_type == 'namedata':
-        dataset = NameDataset(corruption_dataset, files.read_text('birth_places_train.tsv'))
+        path = 'birth_places_train.tsv'
+        dataset = NameDataset(corruption_dataset, files.read_text(path))
     else:
         dataset = corruption_dataset
     chosen, n = args.index or [], len(dataset)
@@ -180,10 +182,14 @@ if __name__ == '__main__':
             error = files.UserError(f"--index {idx}: there are {n} examples (0 to {n - 1})")
             sys.exit(files.report(error))
     for idx in chosen or range(4):
+        try:
+            x, y = dataset[idx]
+        except Exception as e:  # which line, and why, in one line: no traceback
+            error = files.UserError(checks.example_failure(dataset, idx, e, path))
+            sys.exit(files.report(error))
         if chosen:
             line = dataset.data[idx]
             shown = repr(line[:60]) + ('...' if len(line) > 60 else '')
             print(f"example {idx % n} (the line {shown}):")
-        x, y = dataset[idx]
         print('x:', decode(x, dataset.itos))
         print('y:', decode(y, dataset.itos))

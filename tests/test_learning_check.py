@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import NO_DATA, ROOT
 
 sys.path.insert(0, str(ROOT / 'grading'))
 import grade  # noqa: E402
@@ -16,9 +16,7 @@ import learning_check as lc  # noqa: E402
 import starter  # noqa: E402
 
 DATA = ROOT / 'data'
-NEEDS_DATA = pytest.mark.skipif(
-    not (DATA / 'wiki.txt').exists(), reason="needs the assignment's data in data/"
-)
+NEEDS_DATA = pytest.mark.skipif(not (DATA / 'wiki.txt').exists(), reason=NO_DATA)
 
 
 @NEEDS_DATA
@@ -131,7 +129,10 @@ def test_a_folder_without_a_starter_or_data_is_one_line(tmp_path, capsys):
     (tmp_path / 'src' / 'run.py').write_text("DEFAULT_EDITION = '2024'\n")
     with pytest.raises(SystemExit) as stopped:
         lc.main([str(tmp_path), '--data', str(tmp_path)])
-    assert str(stopped.value) == f"error: {tmp_path / 'wiki.txt'}: missing (see data/README.md)"
+    assert str(stopped.value) == (
+        f"error: {tmp_path / 'wiki.txt'}: missing (python tools/get_data.py fetches the "
+        f"course's four files into data/; data/README.md)"
+    )
 
 
 def test_the_grader_adds_it_as_a_row_of_no_points(monkeypatch, tmp_path):

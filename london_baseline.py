@@ -31,9 +31,9 @@ def write_accuracy(total, correct, path=ACCURACY_FILE):
 
 
 if __name__ == '__main__':
-    # a bare name found in data/ here, so that the part's open(path) finds it too
-    path = files.find_data_file(sys.argv[1] if len(sys.argv) > 1 else 'birth_dev.tsv')
     try:
+        # a bare name found in data/ here, so that the part's open(path) finds it too
+        path = files.find_data_file(sys.argv[1] if len(sys.argv) > 1 else 'birth_dev.tsv')
         total, correct = london_baseline(path)
         if total == 0:
             raise files.UserError(f"{path} has no gold places to compare with")

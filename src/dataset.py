@@ -167,11 +167,14 @@ if __name__ == '__main__':
     argp.add_argument('--random', type=int, metavar='N', help="the examples of N lines at random")
     args = argp.parse_args()
 
-    corruption_dataset = CharCorruptionDataset(files.read_text('wiki.txt'), 128)
-    path = 'wiki.txt'
+    path = 'birth_places_train.tsv' if args.dataset_type == 'namedata' else 'wiki.txt'
+    try:  # a file missing, not the course's, or unreadable: one line
+        texts = {name: files.read_text(name) for name in {'wiki.txt', path}}
+    except files.UserError as e:
+        sys.exit(files.report(e))
+    corruption_dataset = CharCorruptionDataset(texts['wiki.txt'], 128)
     if args.dataset_type == 'namedata':
-        path = 'birth_places_train.tsv'
-        dataset = NameDataset(corruption_dataset, files.read_text(path))
+        dataset = NameDataset(corruption_dataset, texts[path])
     else:
         dataset = corruption_dataset
     chosen, n = args.index or [], len(dataset)

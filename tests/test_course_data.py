@@ -183,8 +183,8 @@ def test_offline_the_error_names_the_sources_from_and_the_manual_step(sums, tmp_
     with pytest.raises(files.UserError) as refused:
         files.read_text('wiki.txt')
     assert str(refused.value) == (
-        f"{tmp_path / 'data' / 'wiki.txt'} is missing and the course's data could not be "
-        f"fetched (2 addresses: could not be reached ([Errno 111] Connection refused)). "
+        f"{tmp_path / 'data'}/ lacks wiki.txt, birth_places_train.tsv, birth_dev.tsv, "
+        f"birth_test_inputs.tsv, and the course's data could not be fetched (2 addresses: could not be reached ([Errno 111] Connection refused)). "
         f"With the course's starter zip at hand: python tools/get_data.py --from STARTER_ZIP; "
         f"or copy wiki.txt, birth_places_train.tsv, birth_dev.tsv and birth_test_inputs.tsv "
         f"from the course's starter into data/ by hand (data/README.md)"
@@ -237,13 +237,27 @@ def test_get_data_from_a_zip_a_folder_or_an_address(server, tmp_path):
 
 
 def test_a_handout_command_on_a_fresh_clone_fetches_from_the_server_and_runs(server, tmp_path):
-    """`python src/dataset.py namedata` in a copy of the repository whose data/ is empty;
-    then a wiki.txt cut short is refused by run.py before any work."""
+    """`python src/dataset.py namedata` in a copy of the repository whose data/ is empty:
+    offline, it and the London baseline stop with one line; with the server, it fetches and
+    runs; then a wiki.txt cut short is refused by run.py before any work."""
     contents = real_files()
     server.pages['/a5.zip'] = starter_zip(contents)
     clone = tmp_path / 'clone'
     shutil.copytree(ROOT / 'src', clone / 'src', ignore=shutil.ignore_patterns('__pycache__'))
+    shutil.copy(ROOT / 'london_baseline.py', clone)
     (clone / 'data').mkdir()
+    for script in (['src/dataset.py', 'namedata'], ['london_baseline.py']):  # offline first
+        ran = subprocess.run(
+            [PYTHON, *script],
+            cwd=clone,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, 'COURSE_DATA_SOURCES': ''},
+        )
+        assert ran.returncode == 2 and ran.stdout == '', ran.stderr
+        assert ran.stderr.startswith(f"error: {clone / 'data'}/ lacks wiki.txt, ")
+        assert len(ran.stderr.splitlines()) == 1
     env = {**os.environ, 'COURSE_DATA_SOURCES': server.url('/a5.zip')}
     command = [PYTHON, 'src/dataset.py', 'namedata']
     ran = subprocess.run(command, cwd=clone, env=env, capture_output=True, text=True, timeout=300)

@@ -149,7 +149,7 @@ def fetch(where, folder):
         for why, found in failures.items()
     )
     raise files.UserError(
-        f"{folder / missing[0]} is missing and the course's data could not be fetched "
+        f"{folder}/ lacks {', '.join(missing)}, and the course's data could not be fetched "
         f"({tried or 'COURSE_DATA_SOURCES names no source'}). "
         f"With the course's starter zip at hand: python tools/get_data.py --from STARTER_ZIP; "
         f"or {MANUAL}"

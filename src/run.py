@@ -287,7 +287,7 @@ def evaluate(args):
 
     questions = [line.split('\t')[0] for line in files.read_lines(args.eval_corpus_path)]
     predictions = decoding.answer_questions(
-        gpt, questions, pretrain_dataset, ANSWER_LENGTH, args.eval_corpus_path
+        gpt, questions, pretrain_dataset, ANSWER_LENGTH, args.eval_corpus_path, bar=True
     )
     files.atomic_write(
         args.outputs_path, lambda f: f.write(''.join(p + '\n' for p in predictions).encode('utf-8'))

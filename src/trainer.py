@@ -217,7 +217,7 @@ class Trainer:
             self.set_lr(lr)
             self.epoch, self.step = epoch, step + 1
             done = epoch * self.steps_per_epoch + step + 1
-            progress.log.add(epoch, done, loss.detach(), lr, self.tokens)
+            progress.add(epoch, done, loss.detach(), lr, self.tokens)
             logged = done % self.config.log_every == 0 or step == self.steps_per_epoch - 1
             if logged:
                 seconds = self.clock()

@@ -36,7 +36,8 @@ def test_evaluate_handles_unknown_characters_and_long_questions(params, capsys):
     captured = capsys.readouterr()
     assert '1 question(s) contain characters outside the vocabulary' in captured.err
     assert '1 question(s) are too long for the context' in captured.err
-    assert 'Correct: ' in captured.out and 'out of 3.0' in captured.out
+    assert '3/3 [' in captured.err  # the bar over the questions, at its end
+    assert captured.out.endswith('Correct: 0.0 out of 3.0: 0.0%\n')
     assert len((params / 'odd.out').read_text(encoding='utf-8').split('\n')) == 4
 
 
@@ -106,5 +107,7 @@ def test_greedy_complete_equals_plain_sampling(variant):
     # a stop token that ends some of the completions early and not others
     stop = min(range(12), key=lambda t: abs(sum(t in c for c in plains) - len(plains) / 2))
     assert 0 < sum(stop in c for c in plains) < len(plains)
-    completions = decoding.greedy_complete(gpt, prompts, 32, stop, batch_size=2)
+    answered = []
+    completions = decoding.greedy_complete(gpt, prompts, 32, stop, 2, answered.append)
     assert completions == [c[: c.index(stop) + 1] if stop in c else c for c in plains]
+    assert sum(answered) == len(prompts)  # each prompt counted once, as it is complete

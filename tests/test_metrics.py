@@ -1,7 +1,9 @@
 """metrics.py: a resumed run's TensorBoard log replaces the steps logged after its saved
-state."""
+state; the progress bars move every step and, during a slow one, redraw on their own."""
 
+import io
 import itertools
+import time
 import types
 
 import pytest
@@ -54,3 +56,65 @@ def test_tensorboard_log_of_a_resumed_run_replaces_the_steps_after_its_state(tmp
         (5, pytest.approx(2.7)),
     ]
     assert [s for s, _ in scalars['train/lr']] == [1, 2, 3, 4, 5]
+
+
+def test_the_training_bar_moves_every_step_between_the_logged_ones(monkeypatch):
+    import trainer
+    from test_trainer import tiny_setup
+
+    bars = []
+
+    class Kept(metrics.Progress):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(self.bar)
+
+    monkeypatch.setattr(metrics, 'Progress', Kept)
+    gpt, ds, config = tiny_setup(max_epochs=2, log_every=1000)  # logged at the epochs' ends
+    run = trainer.Trainer(gpt, ds, None, config)
+    step, seen = run.train_step, []
+
+    def watched(x, y):
+        seen.append(bars[0].n)  # the steps the bar shows as this one starts
+        return step(x, y)
+
+    run.train_step = watched
+    run.train()
+    assert run.steps_per_epoch > 2
+    assert seen == list(range(2 * run.steps_per_epoch))
+
+
+def draws(text):
+    return text.count('\r')  # tqdm starts each drawing of the bar with one
+
+
+def test_a_bar_redraws_itself_during_a_slow_step_and_stops_when_closed():
+    out = io.StringIO()
+    bar = metrics.Bar(total=3, file=out, tick_s=0.1)
+    bar.update(1)
+    before = draws(out.getvalue())
+    time.sleep(0.65)  # a slow step: six ticks
+    during = draws(out.getvalue()) - before
+    bar.close()
+    closed = out.getvalue()
+    time.sleep(0.25)
+    assert during >= 3  # a loaded machine may delay a tick or two
+    assert bar.ticker is None and out.getvalue() == closed
+
+
+def test_a_bar_drawn_by_its_updates_is_not_redrawn_by_its_ticks():
+    out = io.StringIO()
+    bar = metrics.Bar(total=100, file=out, tick_s=0.2, mininterval=0)
+    for _ in range(50):  # fast steps, each drawing the bar
+        bar.update(1)
+        time.sleep(0.01)
+    assert draws(out.getvalue()) == 51  # the first drawing, then one a step
+    bar.close()
+
+
+def test_the_question_bar_is_silent_without_questions_or_off_the_first_process(monkeypatch):
+    assert not metrics.question_bar(5).disable
+    assert metrics.question_bar(0).disable
+    assert metrics.question_bar(5, shown=False).disable
+    monkeypatch.setenv('RANK', '1')
+    assert metrics.question_bar(5).disable

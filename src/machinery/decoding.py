@@ -14,23 +14,31 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from machinery import metrics
 
-def answer_questions(model, questions, pretrain_dataset, answer_length, where):
+
+def answer_questions(model, questions, pretrain_dataset, answer_length, where, bar=False):
     """The greedy answer to each question: what the model writes between the question's
     MASK and the next one, in at most answer_length characters. `where` names the
-    questions' file in warnings."""
+    questions' file in warnings; with `bar`, a progress bar counts the questions answered
+    (metrics.question_bar)."""
     room = question_room(model.get_block_size(), answer_length)
     prompts = [encode_question(q, pretrain_dataset, room) for q in questions]
     warn_about_questions(prompts, where, room)
     mask = pretrain_dataset.MASK_CHAR
-    ids = greedy_complete(
-        model, [p.ids for p in prompts], answer_length, pretrain_dataset.stoi[mask]
-    )
+    with metrics.question_bar(len(questions), shown=bar) as progress:
+        ids = greedy_complete(
+            model,
+            [p.ids for p in prompts],
+            answer_length,
+            pretrain_dataset.stoi[mask],
+            answered=progress.update,
+        )
     return [''.join(pretrain_dataset.itos[i] for i in c).split(mask)[0] for c in ids]
 
 
 @torch.no_grad()
-def greedy_complete(model, prompts, steps, stop_id, batch_size=64):
+def greedy_complete(model, prompts, steps, stop_id, batch_size=64, answered=None):
     """Greedy completions of many prompts at once, equal to sample(model, p, steps) for
     each prompt p but up to the first `stop_id` generated (what follows it is never read).
 
@@ -40,7 +48,8 @@ def greedy_complete(model, prompts, steps, stop_id, batch_size=64):
     is fed only each row's newest character after the prompts; the perceiver is fed the
     whole sequence again. A row that has produced stop_id leaves the batch.
     Every prompt plus `steps` must fit in the model's block size. Returns one list of
-    generated ids per prompt, ending with stop_id if it was produced."""
+    generated ids per prompt, ending with stop_id if it was produced; answered(n), if
+    given, is called as n more prompts are complete."""
     model.eval()
     device = next(model.parameters()).device
     completions = [None] * len(prompts)
@@ -49,13 +58,19 @@ def greedy_complete(model, prompts, steps, stop_id, batch_size=64):
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     for start in range(0, len(order), batch_size):
         batch = order[start : start + batch_size]
-        generated = _greedy_batch(model, [prompts[i] for i in batch], steps, stop_id, device)
+        generated = _greedy_batch(
+            model, [prompts[i] for i in batch], steps, stop_id, device, answered or _ignore
+        )
         for i, ids in zip(batch, generated):
             completions[i] = ids
     return completions
 
 
-def _greedy_batch(model, prompts, steps, stop_id, device):
+def _ignore(_):
+    pass
+
+
+def _greedy_batch(model, prompts, steps, stop_id, device, answered):
     lengths = torch.tensor([len(p) for p in prompts], device=device)  # (b,)
     ids = torch.zeros(len(prompts), int(lengths.max()) + steps, dtype=torch.long, device=device)
     for row, p in enumerate(prompts):
@@ -80,11 +95,14 @@ def _greedy_batch(model, prompts, steps, stop_id, device):
         ends[live] += 1
         going = new[:, 0] != stop_id  # (n,)
         if not going.all():  # a row that has its stop_id is done
+            rows = len(live)
             live = live[going]
+            answered(rows - len(live))  # counted from the shapes: no wait for the device
             if cache is not None:
                 cache.keep(going)
         if len(live) == 0:
             break
+    answered(len(live))  # the rows that reached `steps` characters
     return [
         row[start:end] for row, start, end in zip(ids.tolist(), lengths.tolist(), ends.tolist())
     ]

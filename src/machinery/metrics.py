@@ -1,12 +1,15 @@
 """A training run's per-step metrics: a CSV file beside the written params (one row per
 step: epoch, step, loss, lr, tokens, seconds; plot.py draws it) and TensorBoard's
-train/loss and train/lr, as the later editions log them; and the progress bar. trainer.py
-writes them through a Progress.
+train/loss and train/lr, as the later editions log them; and the progress bars (Bar):
+training's, moved every step, and evaluation's, over the questions. trainer.py writes them
+through a Progress; shared_runs.py and decoding.py use a Bar.
 """
 
 import csv
 import math
 import os
+import threading
+import time
 
 import torch
 from tqdm import tqdm
@@ -78,10 +81,52 @@ class MetricsLog:
             self.tensorboard.close()
 
 
+class Bar(tqdm):
+    """A tqdm bar that also redraws itself from a thread of its own when it has not been
+    drawn for tick_s seconds: its clock moves while a step takes longer than that."""
+
+    def __init__(self, *args, tick_s=1.0, **kwargs):
+        self.stop_ticking = threading.Event()
+        self.ticker = None
+        super().__init__(*args, **kwargs)
+        if not self.disable:
+            self.ticker = threading.Thread(
+                target=self.tick, args=(tick_s,), name='progress bar', daemon=True
+            )
+            self.ticker.start()
+
+    def tick(self, seconds):
+        while not self.stop_ticking.wait(seconds):
+            # tqdm draws under its lock, so a redraw here never interleaves with the
+            # trainer's; update() keeps last_print_t, the time of its last drawing
+            if time.time() - self.last_print_t >= seconds:
+                self.refresh()
+
+    def close(self):
+        self.stop_ticking.set()
+        if self.ticker is not None:
+            self.ticker.join()  # before tqdm's close, which draws the bar a last time
+            self.ticker = None
+        super().close()
+
+
+def question_bar(questions, shown=True):
+    """Evaluation's bar over `questions` questions: silent when not shown, when there are
+    none, and in torchrun's processes other than the first, as training's is."""
+    main = int(os.environ.get('RANK', 0)) == 0
+    return Bar(
+        total=questions,
+        unit='question',
+        dynamic_ncols=True,
+        disable=not (shown and questions and main),
+    )
+
+
 class Progress:
     """What a training run shows and logs as it goes: every step's loss and learning rate
-    (a MetricsLog) and a progress bar, whose epoch, loss, learning rate and tokens/s are
-    updated where the trainer logs. Process 0's; the others' are silent."""
+    (a MetricsLog) and a progress bar, moved every step (no wait for the device), whose
+    epoch, loss, learning rate and tokens/s are updated where the trainer logs. Process
+    0's; the others' are silent."""
 
     def __init__(self, config, first_step, total_steps, main=True, average=None):
         self.log = MetricsLog(
@@ -91,7 +136,7 @@ class Progress:
             first_step=first_step,
             average=average or (lambda losses: losses),
         )
-        self.bar = tqdm(
+        self.bar = Bar(
             total=total_steps,
             initial=first_step,
             unit='step',
@@ -99,6 +144,12 @@ class Progress:
             smoothing=0.05,
             disable=total_steps == 0 or not main,
         )
+
+    def add(self, epoch, done, loss, lr, tokens):
+        """Step `done` of the run made: its loss, a device tensor, kept for the log (not
+        read here), and the bar moved on to it."""
+        self.log.add(epoch, done, loss, lr, tokens)
+        self.bar.update(done - self.bar.n)
 
     def show(self, epoch, it, done, lr, seconds, tokens_per_s):
         """Step `it` of `epoch` done, the run's `done`-th; the log written up to it."""

@@ -53,7 +53,6 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call, stack_module_state, vmap
 from torch.utils.data import DataLoader, Dataset
-from tqdm import tqdm
 
 from machinery import (
     batch_producer,
@@ -404,8 +403,8 @@ class SharedRuns:
             for t in self.trainers
         ]  # fmt: skip
         total = config.max_epochs * steps_per_epoch
-        bar = tqdm(total=total, initial=before, unit='step', dynamic_ncols=True, smoothing=0.05,
-                   disable=total == 0)  # fmt: skip
+        bar = metrics.Bar(total=total, initial=before, unit='step', dynamic_ncols=True,
+                          smoothing=0.05, disable=total == 0)  # fmt: skip
 
         def clock():
             for t in self.trainers:
@@ -424,6 +423,7 @@ class SharedRuns:
                         for t, log, loss in zip(self.trainers, logs, losses):
                             t.tokens, t.epoch, t.step = tokens, epoch, step + 1
                             log.add(epoch, epoch * steps_per_epoch + step + 1, loss, lr, tokens)
+                        bar.update(1)  # every step; the losses where they are read
                         logged = (step + 1) % config.log_every == 0 or step == steps_per_epoch - 1
                         if logged:
                             last = self.flush(logs, clock())
@@ -432,7 +432,6 @@ class SharedRuns:
                                 + ' '.join(f"{v:.4f}" for v in last)
                                 + f". lr {lr:e}"
                             )
-                            bar.update(epoch * steps_per_epoch + step + 1 - bar.n)
                         if self.stopper.asked():
                             self.flush(logs, clock())
                             self.save_states()

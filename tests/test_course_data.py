@@ -131,7 +131,7 @@ def test_the_2024_starters_wiki_without_its_final_newline_is_given_it_back(
         {**sums, 'wiki.txt': sums['wiki.txt'].rstrip(b'\n')}, top='student'
     )
     data = use(monkeypatch, tmp_path, server.url('/a4.zip'))
-    assert files.find_data_file('wiki.txt') == str(data / 'wiki.txt')
+    files.read_text('wiki.txt')
     assert (data / 'wiki.txt').read_bytes() == sums['wiki.txt']
 
 
@@ -191,10 +191,17 @@ def test_offline_the_error_names_the_sources_from_and_the_manual_step(sums, tmp_
     )
 
 
-def test_names_that_are_not_the_courses_are_found_as_before(sums, tmp_path, monkeypatch):
-    data = use(monkeypatch, tmp_path)
-    assert files.find_data_file('corpus.txt') == 'corpus.txt'  # absent: nothing fetched
-    assert not data.exists()
+def test_a_lookup_alone_fetches_nothing_and_other_names_are_found_as_before(
+    sums, server, tmp_path, monkeypatch
+):
+    server.pages['/a5.zip'] = starter_zip(sums)
+    data = use(monkeypatch, tmp_path, server.url('/a5.zip'))
+    assert files.find_data_file('wiki.txt') == 'wiki.txt'  # a tool asking whether it is there
+    assert files.find_data_file('corpus.txt') == 'corpus.txt'
+    assert not data.exists() and server.requests == []
+    (tmp_path / 'data').mkdir()
+    (tmp_path / 'data' / 'corpus.txt').write_text('x\n')
+    assert files.find_data_file('corpus.txt') == str(data / 'corpus.txt')
 
 
 def get_data(*args, cwd):

@@ -118,7 +118,9 @@ def test_the_command_line_writes_the_ledger_and_the_people(tiny, monkeypatch, ca
     )
     # into a folder that does not exist yet: it is made
     argv = ['--max_epochs', '2', '--ledger', 'out/l.npz', '--json', 'out/p.json']
-    exposure.main(argv + ['--people', 'people.tsv'])
+    # a finetuning file of its own, whose person has no document: the real data not needed
+    (tiny / 'others.tsv').write_text('Where was Nobody Known born?\tx\n', encoding='utf-8')
+    exposure.main(argv + ['--people', 'people.tsv', '--finetune_corpus_path', 'others.tsv'])
     ledger = np.load(tiny / 'out' / 'l.npz')
     assert ledger['window'].shape == (2, len((tiny / 'wiki.txt').read_text().split('\n')))
     assert json.loads((tiny / 'out' / 'p.json').read_text())[0]['name'] == 'Ada Lovelace'

@@ -30,15 +30,16 @@ def report(error):
     return 2
 
 
-def find_data_file(path):
+def find_data_file(path, fetch=False):
     """`path` itself if it exists, else data/`path` for a bare file name, so that the
     handout's commands (`... wiki.txt ...`) work from the repo root. One of the course's
-    files is checked there, and fetched first when data/ lacks it (course_data.py)."""
+    files found there is checked first; with `fetch`, one that data/ lacks is fetched
+    (course_data.py), as the reading of a file does."""
     from machinery import course_data  # it imports this module
 
     if os.path.exists(path) or os.path.dirname(path) != '':
         return path
-    if path in course_data.FILES:
+    if path in course_data.FILES and (fetch or (DATA_DIR / path).exists()):
         return str(course_data.find(path))
     return str(DATA_DIR / path) if (DATA_DIR / path).exists() else path
 
@@ -47,7 +48,7 @@ def read_text(path):
     """The whole file as text, checked: exists, readable, non-empty, valid UTF-8. Line ends
     are normalised as the original's text-mode open() did (universal newlines: CRLF and a
     lone CR become LF), so a file checked out with Windows line ends reads the same."""
-    found = find_data_file(path)
+    found = find_data_file(path, fetch=True)
     try:
         with open(found, 'rb') as f:
             raw = f.read()

@@ -113,8 +113,12 @@ def test_a_bar_drawn_by_its_updates_is_not_redrawn_by_its_ticks():
 
 
 def test_the_question_bar_is_silent_without_questions_or_off_the_first_process(monkeypatch):
-    assert not metrics.question_bar(5).disable
-    assert metrics.question_bar(0).disable
-    assert metrics.question_bar(5, shown=False).disable
+    def disabled(*args, **kwargs):
+        with metrics.question_bar(*args, **kwargs) as bar:  # closed: its ticking stops
+            return bar.disable
+
+    assert not disabled(5)
+    assert disabled(0)
+    assert disabled(5, shown=False)
     monkeypatch.setenv('RANK', '1')
-    assert metrics.question_bar(5).disable
+    assert disabled(5)

@@ -56,7 +56,10 @@ def test_after():
 
 
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
-@pytest.mark.parametrize('held', ['test_held_in_a_training', 'test_held_asleep'])
+@pytest.mark.parametrize(
+    'held',
+    [pytest.param('test_held_in_a_training', marks=pytest.mark.slow), 'test_held_asleep'],
+)  # a training's first step takes seconds
 def test_a_stop_signal_ends_the_suite_within_seconds(tmp_path, held, signum):
     (tmp_path / 'test_held.py').write_text(HELD)
     command = [

@@ -145,8 +145,8 @@ def fetch(where, folder):
         )
         return missing
     tried = '; '.join(
-        f"{found[0]}: {why}" if len(found) == 1 else f"{len(found)} addresses: {why}"
-        for why, found in failures.items()
+        f"{failed[0]}: {why}" if len(failed) == 1 else f"{len(failed)} addresses: {why}"
+        for why, failed in failures.items()
     )
     raise files.UserError(
         f"{folder}/ lacks {', '.join(missing)}, and the course's data could not be fetched "

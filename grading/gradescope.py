@@ -7,10 +7,11 @@ there for each student's upload.
 
 The zip is what Gradescope's "zip file upload" takes: setup.sh (a virtual environment with
 the grader's packages, made once when Gradescope builds the image), run_autograder, the
-grader (grade.py, probes.py, architectures.json and this file), the data files, and the
-test answers where given. For each upload, run_autograder runs this file with --run: it
-finds the student's files in $AUTOGRADER_ROOT/submission (default /autograder), grades
-them with grade.py, prints grade.py's table and writes results/results.json. An upload
+grader (GRADER_FILES: grade.py and the modules it imports, probes.py, architectures.json
+and this file), the data files, and the test answers where given. For each upload,
+run_autograder runs this file with --run: it finds the student's files in
+$AUTOGRADER_ROOT/submission (default /autograder; uploads.py), grades them as grade.py
+does (marking.py), prints grade.py's table and writes results/results.json. An upload
 that cannot be graded (empty, no src/, another edition's, a zip that is not one) gets a
 score of 0 and one line saying why. docs/grading.md ("Using it on Gradescope") has the
 teacher's steps.
@@ -26,10 +27,19 @@ import zipfile
 from pathlib import Path
 
 import grade
+import marking
+from editions import DATA_FILES, EDITIONS, UserError, check_data, read_answers
+from uploads import check_edition, find_submission
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE.parent  # on Gradescope, /autograder/source: the zip's contents
-GRADER_FILES = ('grade.py', 'probes.py', 'gradescope.py', 'architectures.json')
+# the grader: grade.py and every module of ours it imports, the probes' probes.py, and this
+# file (tests/test_gradescope.py checks that none is missing)
+GRADER_FILES = (
+    'grade.py', 'editions.py', 'uploads.py', 'marking.py', 'suite.py', 'part_c.py',
+    'part_d.py', 'part_e.py', 'part_f.py', 'part_g.py', 'references.py', 'probe_runner.py',
+    'probes.py', 'architectures.json', 'gradescope.py',
+)  # fmt: skip
 ANSWERS_FILE = 'birth_test_answers.tsv'  # the answers' name in the zip's data/
 TORCH = '2.13.0'  # the release the project's tests run on
 
@@ -85,8 +95,8 @@ exit 0
 
 def build(edition, out, data, answers_path=None):
     """Writes the autograder's zip for `edition` to `out`."""
-    grade.check_data(data)
-    grade.read_answers(answers_path, data)  # one line for a file that is not the answers
+    check_data(data)
+    read_answers(answers_path, data)  # one line for a file that is not the answers
     config = dict(edition=edition, answers=answers_path is not None)
     with zipfile.ZipFile(out, 'w', zipfile.ZIP_DEFLATED) as z:
         executable(z, 'setup.sh', SETUP_SH % dict(torch=TORCH))
@@ -94,7 +104,7 @@ def build(edition, out, data, answers_path=None):
         z.writestr('gradescope.json', json.dumps(config, indent=2) + '\n')
         for name in GRADER_FILES:
             z.write(HERE / name, f"grading/{name}")
-        for name in grade.DATA_FILES:
+        for name in DATA_FILES:
             z.write(data / name, f"data/{name}")
         if answers_path is not None:
             z.write(answers_path, f"data/{ANSWERS_FILE}")
@@ -110,61 +120,6 @@ def executable(z, name, text):
 # --- On Gradescope: one upload graded ----------------------------------------------------
 
 
-def find_submission(upload, into):
-    """The folder holding src/ in what the student uploaded: the files loose (src/ at the
-    top, or inside one folder), or one zip holding them (collect_submission.sh's)."""
-    files = [p for p in upload.rglob('*') if p.is_file()] if upload.is_dir() else []
-    if not files:
-        raise grade.UserError(
-            "the upload is empty: upload the zip collect_submission.sh makes (src/ and the "
-            "handout's outputs)"
-        )
-    try:
-        return grade.unpacked(upload, into)
-    except grade.UserError:
-        pass
-    zips = [p for p in upload.iterdir() if p.suffix.lower() == '.zip']
-    if len(zips) != 1:
-        raise grade.UserError(
-            "no src/ folder in the upload: upload the zip collect_submission.sh makes, or "
-            "src/ and the handout's outputs"
-        )
-    if not zipfile.is_zipfile(zips[0]):
-        raise grade.UserError(
-            f"{zips[0].name} is not a zip file: upload the zip collect_submission.sh makes"
-        )
-    try:
-        return grade.unpacked(zips[0], into)
-    except (zipfile.BadZipFile, OSError) as e:
-        raise grade.UserError(f"{zips[0].name} cannot be unpacked: {e}")
-    except grade.UserError:
-        raise grade.UserError(
-            f"no src/ folder in {zips[0].name}: upload the zip collect_submission.sh makes"
-        )
-
-
-def check_edition(submission, edition):
-    """Refuses an upload of another edition: a starter of another edition (its run.py's
-    DEFAULT_EDITION), or one with another variant's results and none of this one's."""
-    variant = grade.EDITIONS[edition]['variant']
-    guessed = grade.guess_edition(submission, submission)  # a starter's, else by the results
-    theirs = grade.EDITIONS[guessed]['variant']
-    if theirs == variant:
-        return
-    run_py = submission / 'src' / 'run.py'
-    text = run_py.read_text(errors='replace') if run_py.is_file() else ''
-    a_starter_of_it = f"DEFAULT_EDITION = '{guessed}'" in text
-    its_results_only = any(submission.glob(f"{theirs}.*")) and not any(
-        submission.glob(f"{variant}.*")
-    )
-    if a_starter_of_it or its_results_only:
-        raise grade.UserError(
-            f"this upload is of the {guessed} edition ({theirs}), and this assignment is the "
-            f"{edition} edition's ({variant}): upload the zip `bash collect_submission.sh "
-            f"{edition}` makes"
-        )
-
-
 def graded(root, config):
     """results.json's contents for the upload in root/submission; prints grade.py's table."""
     start = time.perf_counter()
@@ -172,15 +127,15 @@ def graded(root, config):
     data = SOURCE / 'data'
     answers = None
     if config['answers']:
-        answers = grade.read_answers(data / ANSWERS_FILE, data)
+        answers = read_answers(data / ANSWERS_FILE, data)
         (data / ANSWERS_FILE).unlink()  # the student's code runs in this container, as root
     with tempfile.TemporaryDirectory(prefix='upload-') as unpack:
         submission = find_submission(root / 'submission', Path(unpack))
         check_edition(submission, edition)
-        rows = grade.grade(submission, edition, data, answers)
+        rows = marking.grade(submission, edition, data, answers)
     seconds = time.perf_counter() - start
     print(grade.table(rows, f"the upload ({edition} edition)", seconds))
-    after_published = {name for name, t in grade.tests_for(edition, True) if t.answers}
+    after_published = {name for name, t in marking.tests_for(edition, True) if t.answers}
     return grade.results_json(rows, after_published, seconds)
 
 
@@ -190,7 +145,7 @@ def run(root):
     try:
         config = json.loads((SOURCE / 'gradescope.json').read_text())
         results = graded(root, config)
-    except grade.UserError as e:
+    except UserError as e:
         results = refused(str(e), start)
     except Exception as e:  # a score of 0 with the reason, never a crashed autograder
         results = refused(f"the autograder failed: {type(e).__name__}: {e}", start)
@@ -208,7 +163,7 @@ def refused(reason, start):
 
 def parse_args(argv):
     argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    argp.add_argument('--edition', choices=sorted(grade.EDITIONS), help="the handout's edition")
+    argp.add_argument('--edition', choices=sorted(EDITIONS), help="the handout's edition")
     argp.add_argument('--out', type=Path, help="the zip to write (autograder.zip)")
     argp.add_argument('--answers', type=Path, help="birth_test_inputs.tsv with the places")
     argp.add_argument('--data', type=Path, default=grade.ROOT / 'data', help="the data files")
@@ -228,10 +183,10 @@ def main(argv=None):
         return 0
     try:
         build(args.edition, args.out, args.data, args.answers)
-    except (grade.UserError, OSError) as e:
+    except (UserError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    points = sum(t.points for _, t in grade.tests_for(args.edition, args.answers is not None))
+    points = sum(t.points for _, t in marking.tests_for(args.edition, args.answers is not None))
     print(
         f"wrote {args.out}: the {args.edition} edition's autograder for Gradescope, {points} points"
     )

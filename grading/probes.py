@@ -1,8 +1,8 @@
-"""What grade.py runs of a submission's code, each probe in its own process (grade.run_probe):
-the process works in a folder of its own holding a copy of the submission's src/ and
-london_baseline.py and the data files, imports the submission's modules from there, and
-leaves its result in a file. This module imports nothing of ours besides torch and
-numpy, so that only the submission's code answers.
+"""What the grader runs of a submission's code, each probe in its own process
+(probe_runner.run_probe): the process works in a folder of its own holding a copy of the
+submission's src/ and london_baseline.py and the data files, imports the submission's
+modules from there, and leaves its result in a file. This module imports nothing of ours
+besides torch and numpy, so that only the submission's code answers.
 
   command     a handout command, run.py as the student wrote it, with Trainer.train
               intercepted: the TrainerConfig and the model it was given, never training
@@ -477,7 +477,7 @@ def ragged_batch(vocab_size, T, B=12):
 
 def london(accuracy_file):
     """`python london_baseline.py` in this folder: what it wrote to accuracy_file (None if
-    nothing); grade.py reads what it printed from the log."""
+    nothing); part_d.py reads what it printed from the log."""
     script = (
         'london_baseline.py' if os.path.exists('london_baseline.py') else 'src/london_baseline.py'
     )

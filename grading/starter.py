@@ -29,10 +29,10 @@ import sys
 import tokenize
 from pathlib import Path
 
-import grade
+import editions
 
 ROOT = Path(__file__).resolve().parent.parent
-EDITIONS = tuple(grade.EDITIONS)  # 2024 covers 2025
+EDITIONS = tuple(editions.EDITIONS)  # 2024 covers 2025
 # what the starter holds: the code, the grader to check it with, and the data's README;
 # never the tests (they test our solution), the published results or the starter writer.
 # Of src/, the machinery package and the modules the handout's scripts import
@@ -249,7 +249,7 @@ PHASES = [
 # the edition's second variant and the flags its handout's commands pass (the grader's)
 VARIANTS = {
     name: (edition['variant'], ''.join(f' {flag}' for flag in edition['flags']))
-    for name, edition in grade.EDITIONS.items()
+    for name, edition in editions.EDITIONS.items()
 }
 
 

@@ -6,6 +6,7 @@ loses exactly its tests; an upload that cannot be graded gets a score of 0 and o
 saying why. Every results.json is checked against Gradescope's format. The slow test runs
 setup.sh's install step into a fresh virtual environment and grades with that."""
 
+import ast
 import json
 import os
 import re
@@ -21,7 +22,8 @@ from test_grading import MACHINERY, make_submission
 from test_textbook import GETITEM, fill
 
 sys.path.insert(0, str(ROOT / 'grading'))
-import grade  # noqa: E402
+import editions  # noqa: E402
+import marking  # noqa: E402
 import starter  # noqa: E402
 
 ZIPS = {'2021': 'assignment5.zip', '2024': 'assignment4_submission.zip'}
@@ -68,8 +70,8 @@ def ours(tmp_path_factory):
 def answers(ours, tmp_path_factory):
     """A stand-in for the test answers: the test questions with our vanilla model's
     predictions as their places."""
-    questions = grade.read_lines(ROOT / 'data' / 'birth_test_inputs.tsv')
-    places = grade.read_lines(ours / 'vanilla.pretrain.test.predictions')
+    questions = editions.read_lines(ROOT / 'data' / 'birth_test_inputs.tsv')
+    places = editions.read_lines(ours / 'vanilla.pretrain.test.predictions')
     path = tmp_path_factory.mktemp('answers') / 'birth_test_inputs_with_places.tsv'
     path.write_text(''.join(f"{q}\t{p}\n" for q, p in zip(questions, places)), encoding='utf-8')
     return path
@@ -118,13 +120,33 @@ def run_autograder(root, venv=sys.prefix):
     return results
 
 
+def grader_modules(first=('gradescope', 'grade')):
+    """The modules of grading/ that gradescope.py and grade.py import, directly or through
+    each other (probes.py: the probes' processes import it by name)."""
+    names = {p.stem for p in (ROOT / 'grading').glob('*.py')}
+    found, waiting = set(), list(first)
+    while waiting:
+        name = waiting.pop()
+        if name in found:
+            continue
+        found.add(name)
+        for node in ast.walk(ast.parse((ROOT / 'grading' / f'{name}.py').read_text('utf-8'))):
+            if isinstance(node, ast.Import):
+                waiting += [a.name for a in node.names if a.name in names]
+            elif isinstance(node, ast.ImportFrom) and node.module in names:
+                waiting.append(node.module)
+    return found
+
+
 def test_the_zip_holds_what_gradescope_runs_and_the_grader(bundles):
     with zipfile.ZipFile(bundles['answers']) as z:
         names = set(z.namelist())
         modes = {info.filename: info.external_attr >> 16 for info in z.infolist()}
         config = json.loads(z.read('gradescope.json'))
     assert {'setup.sh', 'run_autograder', 'grading/grade.py', 'grading/probes.py'} <= names
-    assert {f"data/{name}" for name in grade.DATA_FILES} <= names
+    assert {f"grading/{name}.py" for name in grader_modules()} <= names
+    assert 'grading/architectures.json' in names and 'grading/starter.py' not in names
+    assert {f"data/{name}" for name in editions.DATA_FILES} <= names
     assert 'data/birth_test_answers.tsv' in names and config == {'edition': '2021', 'answers': True}
     assert modes['setup.sh'] & 0o111 and modes['run_autograder'] & 0o111
     assert not any(name.startswith(('src/', 'tests/')) for name in names)
@@ -135,8 +157,8 @@ def test_our_submission_gets_full_marks(ours, bundles, tmp_path):
     shutil.copy(ours / '2021.zip', root / 'submission' / ZIPS['2021'])
     results = run_autograder(root)
     tests = {t['name']: t for t in results['tests']}
-    answered = {n for n, t in grade.tests_for('2021', True) if t.answers}
-    assert set(tests) == {n for n, _ in grade.tests_for('2021', True)}
+    answered = {n for n, t in marking.tests_for('2021', True) if t.answers}
+    assert set(tests) == {n for n, _ in marking.tests_for('2021', True)}
     for name, t in tests.items():
         if name in answered:  # the test-set floors, against the stand-in answers
             assert t['visibility'] == 'after_published'
@@ -167,7 +189,7 @@ def test_a_textbook_answer_with_a_mistake_loses_exactly_its_tests(ours, bundles,
         "(g) SynthesizerAttention: eq. 11 with given weights",
         MACHINERY.format(variant='synthesizer'),
     }
-    assert len(results['tests']) == len(grade.tests_for('2021', False))
+    assert len(results['tests']) == len(marking.tests_for('2021', False))
 
 
 @pytest.mark.parametrize(

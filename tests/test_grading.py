@@ -18,8 +18,12 @@ import run
 from conftest import NO_DATA, ROOT
 
 sys.path.insert(0, str(ROOT / 'grading'))
+import editions  # noqa: E402
 import grade  # noqa: E402
+import marking  # noqa: E402
+import probe_runner  # noqa: E402
 import starter  # noqa: E402
+import suite  # noqa: E402
 
 EDITIONS = ['2021', '2023', '2024']
 SECOND = {'2021': 'synthesizer', '2023': 'perceiver', '2024': 'rope'}
@@ -39,7 +43,7 @@ def make_submission(folder, source=ROOT):
         torch.save(gpt.state_dict(), folder / f"{name}.params")
     for path in (ROOT / 'results').glob('*.predictions'):
         shutil.copy(path, folder)
-    (folder / grade.ACCURACY_FILE).write_text('5.0\n')
+    (folder / editions.ACCURACY_FILE).write_text('5.0\n')
     return folder
 
 
@@ -52,7 +56,7 @@ def ours(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def our_grades(ours):
-    return {e: grade.grade(ours, e, ROOT / 'data') for e in EDITIONS}
+    return {e: marking.grade(ours, e, ROOT / 'data') for e in EDITIONS}
 
 
 def snapshot(folder):
@@ -74,7 +78,7 @@ def test_our_code_gets_full_marks(ours, our_grades, edition):
 
 def test_grading_writes_nothing_into_the_submission(ours):
     before = snapshot(ours)
-    grade.grade(
+    marking.grade(
         ours, '2021', ROOT / 'data', only={'(d) London baseline: london_baseline.py\'s accuracy'}
     )
     assert snapshot(ours) == before
@@ -85,10 +89,10 @@ def test_the_starter_gets_no_marks(tmp_path, edition):
     if not (ROOT / 'data' / 'wiki.txt').exists():
         pytest.skip(NO_DATA)
     starter.write_starter(edition, tmp_path)
-    rows = grade.grade(tmp_path, edition, ROOT / 'data')
+    rows = marking.grade(tmp_path, edition, ROOT / 'data')
     assert sum(score for _, score, _, _ in rows) == 0
     reasons = {name: reason for name, _, _, reason in rows}
-    code = [n for n, t in grade.tests_for(edition, False) if t.probes]
+    code = [n for n, t in marking.tests_for(edition, False) if t.probes]
     for name in code:  # each fails at a stub, which it names (tests/test_messages.py)
         assert re.fullmatch(r"needs part \([a-g]\) .+, not written yet", reasons[name]), (
             name,
@@ -457,7 +461,9 @@ def planted(ours, folder, relative, old, new):
 @pytest.mark.parametrize('mistake', MISTAKES)
 def test_a_classic_mistake_loses_exactly_its_tests(ours, our_grades, tmp_path, mistake):
     relative, old, new, edition, lost = MISTAKES[mistake]
-    rows = grade.grade(planted(ours, tmp_path / 'copy', relative, old, new), edition, ROOT / 'data')
+    rows = marking.grade(
+        planted(ours, tmp_path / 'copy', relative, old, new), edition, ROOT / 'data'
+    )
     passed = {name for name, score, points, _ in our_grades[edition] if score == points}
     assert {name for name, score, points, _ in rows if score < points} == lost
     assert lost <= passed
@@ -471,8 +477,8 @@ def test_2024s_padding_is_right_in_2021(ours, tmp_path):
     """The padding mistake of 2024 loses nothing in 2021, where block_size is the length."""
     relative, old, new, _, _ = MISTAKES["2021's padding in 2024"]
     copy = planted(ours, tmp_path / 'copy', relative, old, new)
-    names = {n for n, _ in grade.tests_for('2021', False) if n.startswith('(e)')}
-    rows = grade.grade(copy, '2021', ROOT / 'data', only=names)
+    names = {n for n, _ in marking.tests_for('2021', False) if n.startswith('(e)')}
+    rows = marking.grade(copy, '2021', ROOT / 'data', only=names)
     assert all(score == points for _, score, points, _ in rows)
 
 
@@ -521,9 +527,9 @@ def test_correct_span_corruption_passes_whatever_the_draws(
         submission = planted(
             ours, tmp_path / 'copy', 'src/dataset.py', body + '\n', span_body(implementation)
         )
-    monkeypatch.setattr(grade, 'SPAN_SEED', seed)
-    names = {n for n, _ in grade.tests_for('2021', False) if n.startswith('(e)')}
-    rows = grade.grade(submission, '2021', ROOT / 'data', only=names)
+    monkeypatch.setattr(probe_runner, 'SPAN_SEED', seed)
+    names = {n for n, _ in marking.tests_for('2021', False) if n.startswith('(e)')}
+    rows = marking.grade(submission, '2021', ROOT / 'data', only=names)
     assert [(n, why) for n, score, points, why in rows if score < points] == []
 
 
@@ -549,7 +555,7 @@ def test_broken_code_fails_its_tests_with_a_line_and_grading_goes_on(ours, tmp_p
     }
     rows = {
         name: (score, why)
-        for name, score, _, why in grade.grade(copy, '2021', ROOT / 'data', timeout=3, only=only)
+        for name, score, _, why in marking.grade(copy, '2021', ROOT / 'data', timeout=3, only=only)
     }
     score, why = rows["(e) span corruption: the truncated length"]
     assert score == 0 and reason in why and '\n' not in why
@@ -568,10 +574,13 @@ def test_original_starter_layouts_are_graded(ours, tmp_path):
     )
     (copy / 'london_baseline.py').rename(copy / 'src' / 'london_baseline.py')
     only = {
-        n for n, t in grade.tests_for('2024', False) if 'london' in t.probes or n.startswith('(g) ')
+        n
+        for n, t in marking.tests_for('2024', False)
+        if 'london' in t.probes or n.startswith('(g) ')
     }
     rows = {
-        n: (score, why) for n, score, _, why in grade.grade(copy, '2024', ROOT / 'data', only=only)
+        n: (score, why)
+        for n, score, _, why in marking.grade(copy, '2024', ROOT / 'data', only=only)
     }
     assert rows.pop("(g) precompute_rotary_emb: cos and sin of t theta_i")[1].startswith(
         'ZeroDivisionError: division by zero (src/attention.py:'
@@ -589,21 +598,23 @@ def test_a_course_starters_submission_is_not_held_to_our_machinery(ours, tmp_pat
     shutil.copytree(ours, copy)
     shutil.rmtree(copy / 'src' / 'machinery')
     machinery = MACHINERY.format(variant='synthesizer')
-    assert grade.grade(copy, '2021', ROOT / 'data', only={machinery}) == []
-    assert [r[0] for r in grade.grade(ours, '2021', ROOT / 'data', only={machinery})] == [machinery]
+    assert marking.grade(copy, '2021', ROOT / 'data', only={machinery}) == []
+    assert [r[0] for r in marking.grade(ours, '2021', ROOT / 'data', only={machinery})] == [
+        machinery
+    ]
 
 
 def test_test_answers_grade_the_test_predictions(ours, tmp_path):
-    questions = grade.read_lines(ROOT / 'data' / 'birth_test_inputs.tsv')
-    predictions = grade.read_lines(ours / 'vanilla.pretrain.test.predictions')
+    questions = editions.read_lines(ROOT / 'data' / 'birth_test_inputs.tsv')
+    predictions = editions.read_lines(ours / 'vanilla.pretrain.test.predictions')
     answers = [f"{q.split(chr(9))[0]}\t{p}" for q, p in zip(questions, predictions)]
     name = "(f) vanilla pretrained: test accuracy at least 9%"
-    assert name not in [n for n, _ in grade.tests_for('2021', False)]
-    rows = grade.grade(ours, '2021', ROOT / 'data', answers=answers, only={name})
+    assert name not in [n for n, _ in marking.tests_for('2021', False)]
+    rows = marking.grade(ours, '2021', ROOT / 'data', answers=answers, only={name})
     assert rows == [(name, 8, 8, None)]
     wrong = [f"{q.split(chr(9))[0]}\tNowhere" for q in questions]
-    rows = grade.grade(ours, '2021', ROOT / 'data', answers=wrong, only={name})
-    assert rows == [(name, 0, 8, f"0 of 437 right, 0.0%: below 9%; {grade.ACCURACY}")]
+    rows = marking.grade(ours, '2021', ROOT / 'data', answers=wrong, only={name})
+    assert rows == [(name, 0, 8, f"0 of 437 right, 0.0%: below 9%; {suite.ACCURACY}")]
 
 
 def test_the_command_line_grades_zips_and_writes_json_and_csv(ours, tmp_path, capsys):
@@ -648,7 +659,7 @@ def test_bad_input_is_one_line(real_data, tmp_path, monkeypatch, capsys, argv, m
 
 def test_architectures_are_our_models():
     vocab = 256
-    for variant, shapes in json.loads(grade.ARCHITECTURES.read_text()).items():
+    for variant, shapes in json.loads(editions.ARCHITECTURES.read_text()).items():
         gpt = run.new_model(variant, vocab, 64 if variant == 'perceiver' else 32)
         ours = {n: list(t.shape) for n, t in gpt.state_dict().items()}
         assert ours == {n: [vocab if d == 'vocab' else d for d in s] for n, s in shapes.items()}

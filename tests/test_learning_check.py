@@ -4,6 +4,7 @@ passes a correct pipeline and stops each classic mistake with the line that name
 
 import re
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from conftest import NO_DATA, ROOT
 
 sys.path.insert(0, str(ROOT / 'grading'))
+import editions  # noqa: E402
 import grade  # noqa: E402
 import learning_check as lc  # noqa: E402
 import starter  # noqa: E402
@@ -136,12 +138,49 @@ def test_a_folder_without_a_starter_or_data_is_one_line(tmp_path, capsys):
 
 
 def test_the_grader_adds_it_as_a_row_of_no_points(monkeypatch, tmp_path):
-    monkeypatch.setattr(
-        lc, 'check', lambda *a, **k: (["1. pretrain ... -- not so", "   why"], False)
-    )
+    """grade.py runs learning_check.py's command line in a process of its own (here a
+    stand-in for that process, printing what main prints where check's report is these
+    two lines) and makes its report one line."""
+    ran = []
+
+    def process(command, **kwargs):
+        ran.append(command)
+        printed = (
+            "Learning check: ...\n1. pretrain ... -- not so\n   why\n" + lc.DOES_NOT_TRAIN + "\n"
+        )
+        return subprocess.CompletedProcess(command, 1, printed, '')
+
+    monkeypatch.setattr(grade.subprocess, 'run', process)
     name, score, points, reason = grade.learning_row(tmp_path, '2021', DATA)
     assert (score, points, reason) == (0, 0, "1. pretrain ... -- not so why")
     assert name.startswith('learning check (optional, no points): the synthesizer model')
+    learning_check_py = str(ROOT / 'grading' / 'learning_check.py')
+    assert ran == [[sys.executable, learning_check_py, str(tmp_path), '--edition', '2021',
+                    '--seed', '0', '--data', str(DATA), '--skip_code_checks']]  # fmt: skip
+
+
+@NEEDS_DATA
+def test_the_graders_row_is_what_check_reports(tmp_path):
+    """The row from learning_check.py's own process is check()'s report on the same folder,
+    of the edition given (a run.py that stops at once, naming the variant it was given;
+    without --edition the folder would be taken for a 2021 one); where it stops before
+    its report, the line that says why."""
+    (tmp_path / 'src').mkdir()
+    stops = "import sys\nsys.exit('error: stopped for ' + ' '.join(sys.argv[1:3]))\n"
+    (tmp_path / 'src' / 'run.py').write_text(stops)
+    name, score, points, reason = grade.learning_row(tmp_path, '2024', DATA)
+    (tmp_path / 'work').mkdir()
+    report, learns = lc.check(tmp_path, '2024', 0, tmp_path / 'work', data=DATA)
+    assert not learns and report == [f"1. {lc.CRASHED['pretrain']}: stopped for pretrain rope"]
+    assert (score, points, reason) == (0, 0, ' '.join(line.strip() for line in report))
+    assert name == (
+        'learning check (optional, no points): the rope model trains as a correct one does'
+    )
+    (tmp_path / 'src' / 'run.py').unlink()  # learning_check.py refuses the folder
+    assert grade.learning_row(tmp_path, '2024', DATA)[3] == (
+        f"learning_check.py stopped: error: {tmp_path}: no src/run.py here (give your "
+        "starter's folder)"
+    )
 
 
 # A classic mistake in a textbook answer: (file, the answer's text, the mistaken text)
@@ -197,7 +236,7 @@ def textbook_starter(edition, folder, mistake=None):
         assert text.count(old) == 1, (path, old)
         (folder / path).write_text(text.replace(old, new), encoding='utf-8')
     (folder / 'data').mkdir(exist_ok=True)
-    for name in grade.DATA_FILES:
+    for name in editions.DATA_FILES:
         shutil.copy(DATA / name, folder / 'data' / name)
     return folder
 

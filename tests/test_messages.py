@@ -15,10 +15,12 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / 'grading'))
-import grade  # noqa: E402
+import editions  # noqa: E402
 import learning_check  # noqa: E402
+import marking  # noqa: E402
 import probes  # noqa: E402
 import starter  # noqa: E402
+import suite  # noqa: E402
 import test_textbook  # noqa: E402
 from machinery import checks  # noqa: E402
 from test_grading import EDITIONS, OTHER_EDITIONS  # noqa: E402
@@ -88,12 +90,12 @@ FRESH_VARIANT = {
 
 
 def code_tests(edition):
-    return {name for name, t in grade.tests_for(edition, False) if t.probes}
+    return {name for name, t in marking.tests_for(edition, False) if t.probes}
 
 
 def named(messages, edition):
     """The messages' test names written for the edition."""
-    return {name.format(**grade.EDITIONS[edition]): line for name, line in messages.items()}
+    return {name.format(**editions.EDITIONS[edition]): line for name, line in messages.items()}
 
 
 @pytest.mark.parametrize('edition', EDITIONS)
@@ -101,7 +103,7 @@ def test_a_fresh_starter_says_which_part_each_test_needs(tmp_path, real_data, ed
     """Every test of code in a fresh starter names the stub it stopped at: its part, its
     function and its file, not a NotImplementedError, and no hint of another cause."""
     starter.write_starter(edition, tmp_path)
-    rows = grade.grade(tmp_path, edition, real_data, only=code_tests(edition))
+    rows = marking.grade(tmp_path, edition, real_data, only=code_tests(edition))
     reasons = {name: reason for name, _, _, reason in rows}
     expected = named({**FRESH, **FRESH_VARIANT[edition]}, edition)
     for name in code_tests(edition):
@@ -157,7 +159,7 @@ def test_a_test_that_goes_through_an_unwritten_part_names_it(tmp_path, real_data
     names; every test the written parts alone decide passes."""
     stub, line, own_test = LEFT[edition]
     folder = filled(tmp_path / 'starter', edition, ('write finetune', stub))
-    rows = grade.grade(folder, edition, real_data, only=code_tests(edition))
+    rows = marking.grade(folder, edition, real_data, only=code_tests(edition))
     failed = {name: reason for name, score, points, reason in rows if score < points}
     finetune = 'needs part ({}) finetune in src/run.py, not written yet'
     assert failed == named(
@@ -190,16 +192,16 @@ def test_hints_name_the_editions_settings_only(edition):
     editions' variants or settings, nor an edition by its year; the variant's architecture
     names the edition's own setting. The same of the causal check's lines and of the
     learning check's line for a size that does not match."""
-    fields = grade.EDITIONS[edition]
+    fields = editions.EDITIONS[edition]
     variant = fields['variant']
     words = re.compile(f"{OTHER_EDITIONS[edition]}|{YEARS}", re.IGNORECASE)
-    for name, t in grade.tests_for(edition, True):
-        said = t.reason(grade.Fail('it failed'), fields)
+    for name, t in marking.tests_for(edition, True):
+        said = t.reason(suite.Fail('it failed'), fields)
         assert not words.search(said), (name, said)
-    architecture = {n: t for n, t in grade.tests_for(edition, False)}[
+    architecture = {n: t for n, t in marking.tests_for(edition, False)}[
         f"(g) the {variant} model: the handout's architecture"
     ]
-    assert OWN[edition] in architecture.reason(grade.Fail('it failed'), fields)
+    assert OWN[edition] in architecture.reason(suite.Fail('it failed'), fields)
     lines = [
         probes.depends_on_later(variant),
         probes.positions(variant),
@@ -215,9 +217,9 @@ def test_an_unwritten_stub_says_so_in_place_of_the_hint(real_data):
     """Unwritten's line names the stub's part (the test's own letter where the stub has
     two), its function and its file; and it replaces the hint a failure would get."""
     stub = {'parts': ['c', 'f'], 'what': 'finetune', 'in': None, 'file': 'src/run.py'}
-    failure = grade.Unwritten('NotImplementedError: [part c] [part f] write finetune', stub)
-    tests = dict(grade.tests_for('2024', False))
-    fields = grade.EDITIONS['2024']
+    failure = suite.Unwritten('NotImplementedError: [part c] [part f] write finetune', stub)
+    tests = dict(marking.tests_for('2024', False))
+    fields = editions.EDITIONS['2024']
     architecture = tests["(c) the vanilla model: the handout's architecture"]
     assert architecture.reason(failure, fields) == (
         'needs part (c) finetune in src/run.py, not written yet'
@@ -226,7 +228,7 @@ def test_an_unwritten_stub_says_so_in_place_of_the_hint(real_data):
     assert pretrained.reason(failure, fields) == (
         'needs part (f) finetune in src/run.py, not written yet'
     )
-    written = architecture.reason(grade.Fail('the model has no lm_head'), fields)
+    written = architecture.reason(suite.Fail('the model has no lm_head'), fields)
     assert written.startswith('the model has no lm_head; check new_model (part c)')
 
 

@@ -18,7 +18,8 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / 'grading'))
-import grade  # noqa: E402
+import editions  # noqa: E402
+import marking  # noqa: E402
 import starter  # noqa: E402
 
 NOTEBOOK = ROOT / 'colab.ipynb'
@@ -73,7 +74,7 @@ def test_the_notebooks_commands_are_readmes():
     assert {c for c in said if not c.startswith('python tools/')} <= set(found)
 
 
-@pytest.mark.parametrize('edition', grade.EDITIONS)
+@pytest.mark.parametrize('edition', editions.EDITIONS)
 def test_a_starters_notebook_is_ours_fixed_to_its_edition_and_its_students_folder(edition):
     """The starter's notebook runs our notebook's commands for its edition (the second
     variant with its handout's flags), clones nothing unless told, and names no other
@@ -190,7 +191,7 @@ def test_a_starters_notebook_trains_the_students_code_and_grades_it(tiny, monkey
     assert output.count('\nran ') == 3 + 4 + 4  # no other run.py
     assert_results(folder, 'synthesizer')
     rows = graded(output)
-    code = [name for name, t in grade.tests_for('2021', False) if t.probes]
+    code = [name for name, t in marking.tests_for('2021', False) if t.probes]
     assert set(code) <= set(rows)
     assert [n for n in code if rows[n][0] < rows[n][1]] == []
     for name in [

@@ -18,7 +18,7 @@ import torch
 from conftest import ROOT, main, tiny_corpus
 
 sys.path.insert(0, str(ROOT / 'grading'))
-import grade  # noqa: E402
+import marking  # noqa: E402
 import starter  # noqa: E402
 
 GETITEM = '''
@@ -253,7 +253,7 @@ def test_a_textbook_answer_trains_like_ours_and_gets_full_marks(edition, tmp_pat
     graded = tmp_path / 'graded'  # the same answers, with the textbook span corruption
     starter.write_starter(edition, graded)
     fill(graded, GETITEM)
-    code_tests = {n for n, t in grade.tests_for(edition, False) if t.probes}
-    rows = grade.grade(graded, edition, real_data, only=code_tests)
+    code_tests = {n for n, t in marking.tests_for(edition, False) if t.probes}
+    rows = marking.grade(graded, edition, real_data, only=code_tests)
     assert len(rows) == len(code_tests)
     assert [(name, why) for name, score, points, why in rows if score < points] == []

@@ -36,12 +36,14 @@ import csv
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import sandbox
 from editions import EDITIONS, UserError, check_data, read_answers
 from marking import grade
 from uploads import guess_edition, unpacked
@@ -100,21 +102,37 @@ def parse_args(argv):
     return argp.parse_args(argv)
 
 
-def learning_row(submission, edition_name, data):
+def learning_row(submission, edition_name, data, box=None):
     """learning_check.py's training stages on the submission, as a row of no points (the
     grader's checks it starts from are the table's own, so it leaves them out). It runs
     in a process of its own, as its command line: the row's line is the report it prints
-    between its first line and its verdict."""
+    between its first line and its verdict. `box`: the sandbox it runs in, on copies of the
+    submission and the data that the sandbox's user owns."""
     variant = EDITIONS[edition_name]['variant']
-    command = [
-        sys.executable, str(Path(__file__).with_name('learning_check.py')), str(submission),
-        '--edition', edition_name, '--seed', '0', '--data', str(data), '--skip_code_checks',
-    ]  # fmt: skip
-    environment = dict(os.environ, PYTHONIOENCODING='utf-8')  # a report may quote any text
-    done = subprocess.run(
-        command, capture_output=True, text=True, encoding='utf-8', errors='replace',
-        env=environment,
-    )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix='learning-') as work:
+        options = {}
+        if box:
+            os.chmod(work, 0o711)
+            copy = Path(work) / 'check'
+            shutil.copytree(submission, copy / 'submission')
+            shutil.copytree(data, copy / 'data')
+            box.give(copy)
+            submission, data = copy / 'submission', copy / 'data'
+            options = box.command_options(seconds=3 * 3600)
+        command = [
+            sys.executable, str(Path(__file__).with_name('learning_check.py')), str(submission),
+            '--edition', edition_name, '--seed', '0', '--data', str(data), '--skip_code_checks',
+        ]  # fmt: skip
+        environment = dict(os.environ, PYTHONIOENCODING='utf-8')  # a report may quote any text
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, encoding='utf-8', errors='replace',
+                env=environment, **options,
+            )  # fmt: skip
+        finally:
+            if box:
+                box.end_processes()
+                box.remove_files()
     printed = [line for line in done.stdout.split('\n') if line]
     trains = "trains as a correct one does"
     name = f"learning check (optional, no points): the {variant} model {trains}"
@@ -135,7 +153,8 @@ def main(argv=None):
                 "--json takes one submission (results.json is Gradescope's, per student)"
             )
         answers = read_answers(args.answers, args.data)
-    except UserError as e:
+        box = sandbox.current()  # as root: the submissions' code runs as another user
+    except (UserError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     graded, status = [], 0
@@ -150,9 +169,9 @@ def main(argv=None):
                 continue
             edition = args.edition or guess_edition(path, submission)
             start = time.perf_counter()
-            rows = grade(submission, edition, args.data, answers, args.timeout, args.jobs)
+            rows = grade(submission, edition, args.data, answers, args.timeout, args.jobs, box=box)
             if args.learning_check:
-                rows.append(learning_row(submission, edition, args.data))
+                rows.append(learning_row(submission, edition, args.data, box))
             seconds = time.perf_counter() - start
             guessed = '' if args.edition else ', told from its files; --edition to choose'
             print(table(rows, f"{path} ({edition} edition{guessed})", seconds))

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import grade
 import marking
+import sandbox
 from editions import DATA_FILES, EDITIONS, UserError, check_data, read_answers
 from uploads import check_edition, find_submission
 
@@ -38,7 +39,7 @@ SOURCE = HERE.parent  # on Gradescope, /autograder/source: the zip's contents
 GRADER_FILES = (
     'grade.py', 'editions.py', 'uploads.py', 'marking.py', 'suite.py', 'part_c.py',
     'part_d.py', 'part_e.py', 'part_f.py', 'part_g.py', 'references.py', 'probe_runner.py',
-    'probes.py', 'architectures.json', 'gradescope.py',
+    'probes.py', 'sandbox.py', 'architectures.json', 'gradescope.py',
 )  # fmt: skip
 ANSWERS_FILE = 'birth_test_answers.tsv'  # the answers' name in the zip's data/
 TORCH = '2.13.0'  # the release the project's tests run on
@@ -68,6 +69,9 @@ fi
     ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
 "$VENV/bin/pip" install -q --no-cache-dir 'numpy<3' tqdm
 "$VENV/bin/python" -c 'import numpy, torch, tqdm; print("torch", torch.__version__)'
+if [ "$(id -u)" = 0 ]; then  # the unprivileged user the students' code runs as
+    "$VENV/bin/python" "$(dirname "$0")/grading/sandbox.py"
+fi
 """
 
 RUN_AUTOGRADER = """\
@@ -126,13 +130,16 @@ def graded(root, config):
     edition = config['edition']
     data = SOURCE / 'data'
     answers = None
+    box = sandbox.current()  # as root, as on Gradescope: the students' code runs as another user
+    if box:
+        sandbox.lock_down([root, Path(sys.prefix)])
     if config['answers']:
         answers = read_answers(data / ANSWERS_FILE, data)
-        (data / ANSWERS_FILE).unlink()  # the student's code runs in this container, as root
+        (data / ANSWERS_FILE).unlink()  # the answers live on in this process's memory alone
     with tempfile.TemporaryDirectory(prefix='upload-') as unpack:
         submission = find_submission(root / 'submission', Path(unpack))
         check_edition(submission, edition)
-        rows = marking.grade(submission, edition, data, answers)
+        rows = marking.grade(submission, edition, data, answers, box=box)
     seconds = time.perf_counter() - start
     print(grade.table(rows, f"the upload ({edition} edition)", seconds))
     after_published = {name for name, t in marking.tests_for(edition, True) if t.answers}

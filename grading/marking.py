@@ -3,6 +3,7 @@ files, registered in suite.TESTS in the handout's order) given what they found, 
 row per test with its score and, where it failed, its line.
 """
 
+import contextlib
 import json
 import os
 import tempfile
@@ -16,6 +17,7 @@ import part_d  # noqa: F401
 import part_e  # noqa: F401
 import part_f  # noqa: F401
 import part_g  # noqa: F401
+import sandbox
 from editions import ARCHITECTURES, BLOCK_SIZE, EDITIONS, read_lines
 from probe_runner import prepare_folder, probe_arguments, run_probe, tail
 from references import weights_for
@@ -91,17 +93,26 @@ class Grading:
         gold = self.gold('dev')
         return 100 * sum(place == 'London' for place in gold) / len(gold)
 
-    def run_probes(self, keys, jobs):
+    def run_probes(self, keys, jobs, box=None):
+        """Runs the probes `keys`, `jobs` at once, as `box`'s user where given; their
+        failures say so where the disk guard ended them."""
+
         def one(key):
             folder = self.work / key
-            prepare_folder(folder, self.submission, self.data)
+            files = prepare_folder(folder, self.submission, self.data)
             if key == 'finetune_pretrained':
                 state = weights_for(self.architecture('vanilla'), 8)
-                torch.save(state, folder / 'pretrained.params')
+                torch.save(state, files / 'pretrained.params')
+            if box:
+                box.give(files)
             name, arguments = probe_arguments(self, key)
-            return key, run_probe(folder, name, arguments, self.timeout)
+            outcome = run_probe(folder, name, arguments, self.timeout, box)
+            if 'error' in outcome and guard and guard.tripped:
+                outcome = {'error': guard.tripped}
+            return key, outcome
 
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
+        guard = sandbox.DiskGuard(box, [self.work]) if box else None
+        with guard or contextlib.nullcontext(), ThreadPoolExecutor(max_workers=jobs) as pool:
             self.results.update(pool.map(one, keys))
 
 
@@ -115,9 +126,10 @@ def tests_for(edition_name, answers):
     return chosen
 
 
-def grade(submission, edition_name, data, answers=None, timeout=60, jobs=None, only=None):
+def grade(submission, edition_name, data, answers=None, timeout=60, jobs=None, only=None, box=None):
     """Grades one submission folder: [(test name, score, max score, reason or None)].
-    `only`: the names of the tests to run (all by default)."""
+    `only`: the names of the tests to run (all by default); `box`: the sandbox.Sandbox the
+    submission's code runs in (sandbox.current(): where the grader runs as root)."""
     jobs = jobs or max(1, min(4, os.cpu_count() or 1))
     chosen = [
         (n, t) for n, t in tests_for(edition_name, answers is not None) if not only or n in only
@@ -129,7 +141,14 @@ def grade(submission, edition_name, data, answers=None, timeout=60, jobs=None, o
     with tempfile.TemporaryDirectory(prefix='grading-') as work:
         g = Grading(submission, edition_name, data, answers, Path(work), timeout)
         keys = sorted({key for _, t in chosen for key in t.probes})
-        g.run_probes(keys, jobs)
+        if box:
+            os.chmod(work, 0o711)  # the user reaches its own folders inside, and no others
+        try:
+            g.run_probes(keys, jobs, box)
+        finally:  # nothing the submission started outlives its probes
+            if box:
+                box.end_processes()
+                box.remove_files()
         rows = []
         for name, t in chosen:
             try:

@@ -97,7 +97,7 @@ def start_method():
     if sys.platform.startswith('linux'):  # macOS forks badly once system frameworks load
         context = multiprocessing.get_context('forkserver')
         # what every probe loads, once: creating an optimizer imports torch._dynamo (1.5 s)
-        context.set_forkserver_preload(['torch', 'torch._dynamo', 'numpy', 'probes'])
+        context.set_forkserver_preload(['torch', 'torch._dynamo', 'numpy', 'probes', 'sandbox'])
         return context
     return multiprocessing.get_context('spawn')
 
@@ -105,20 +105,34 @@ def start_method():
 CONTEXT = start_method()
 
 
-def run_probe(folder, name, arguments, timeout):
-    """Runs one probe in a process of its own: {'ok': result} or {'error': reason}."""
+def run_probe(folder, name, arguments, timeout, box=None):
+    """Runs one probe in a process of its own: {'ok': result} or {'error': reason}. The
+    process works in folder/files (prepare_folder's); its inputs, log and result lie in
+    `folder`, which stays the grader's, so that the process can write its log and result
+    but put nothing else in their place (a link to a file of root's, say). `box`: the
+    sandbox.Sandbox whose user the process runs as, or None."""
     inputs, log, result = folder / 'probe.inputs', folder / 'probe.log', folder / 'probe.result'
     torch.save(arguments, inputs)
+    for path in (log, result):
+        path.touch()
+        if box:
+            box.give(path)
     process = CONTEXT.Process(
-        target=probes.run_probe, args=(name, str(folder), str(inputs), str(log), str(result))
+        target=probes.run_probe,
+        args=(name, str(folder / 'files'), str(inputs), str(log), str(result), box, timeout),
     )
     process.start()
     process.join(timeout)
-    if process.is_alive():
+    timed_out = process.is_alive()
+    if timed_out:
         process.kill()
         process.join()
+    if box:  # the grader's again: the user's files are removed once the probes are done
+        for path in (log, result):
+            os.chown(path, os.getuid(), os.getgid())
+    if timed_out:
         return {'error': f"timed out after {timeout:g} s"}
-    if not result.exists():
+    if result.stat().st_size == 0:
         tail = last_line(log)
         return {
             'error': f"the process ended without a result (exit code {process.exitcode})"
@@ -149,12 +163,15 @@ def last_line(path):
     return lines[-1][:200] if lines else ''
 
 
-def prepare_folder(folder, submission, data):
-    """A probe's folder: copies of the submission's src/ and london_baseline.py, and the data."""
-    folder.mkdir(parents=True)
+def prepare_folder(folder, submission, data, box=None):
+    """A probe's folder, and in it files/, where the probe works: copies of the submission's
+    src/ and london_baseline.py, and the data; files/ is `box`'s user's where given."""
+    files = folder / 'files'
+    files.mkdir(parents=True)
     outputs = ('__pycache__', '*.pyc', '*.params', '*.resume', '*.predictions', 'expt', '*.zip')
-    shutil.copytree(submission / 'src', folder / 'src', ignore=shutil.ignore_patterns(*outputs))
+    shutil.copytree(submission / 'src', files / 'src', ignore=shutil.ignore_patterns(*outputs))
     if (submission / 'london_baseline.py').is_file():
-        shutil.copy(submission / 'london_baseline.py', folder)
+        shutil.copy(submission / 'london_baseline.py', files)
     for name in DATA_FILES:
-        shutil.copy(data / name, folder)
+        shutil.copy(data / name, files)
+    return files

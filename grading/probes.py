@@ -56,10 +56,13 @@ class Captured(BaseException):
     submission stops it."""
 
 
-def run_probe(name, folder, inputs, log, result):
+def run_probe(name, folder, inputs, log, result, box=None, seconds=None):
     """The process's whole work: the probe `name` on the arguments saved in `inputs`, in
     `folder`, its stdout and stderr in `log`; {'ok': what it found} or {'error': a line},
-    with 'unwritten' (unwritten's) where a starter's stub raised, saved to `result`."""
+    with 'unwritten' (unwritten's) where a starter's stub raised, saved to `result`. `box`:
+    the sandbox it enters first, for a probe of at most `seconds` (grading/sandbox.py)."""
+    if box is not None:
+        box.enter(folder, seconds)
     arguments = torch.load(inputs, weights_only=True)
     os.environ['CUDA_VISIBLE_DEVICES'] = ''  # on the CPU, as the checks' numbers are
     descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)

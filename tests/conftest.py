@@ -19,6 +19,7 @@ import os  # noqa: E402
 import re  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
@@ -246,3 +247,48 @@ def wait_for(path, process, seconds=120):
             process.kill()
             pytest.fail(f"{path.name} never appeared: {process.communicate()[1][-2000:]}")
         time.sleep(0.02)
+
+
+@pytest.fixture(scope='session')
+def grader_python():
+    """A Python for Gradescope's run_autograder (its VENV) that the sandbox's user can read,
+    as setup.sh's virtual environment of the system's python3 is: where the root grader
+    hands the students' code to that user (grading/sandbox.py), one under /root (pyenv's
+    here) cannot run it. A virtual environment of a Python of this version that every user
+    reads, with this one's packages (linked where every user reads them, else copied);
+    this one's own where the grader is not root, or where every user reads it already."""
+    import sysconfig
+
+    sys.path.insert(0, str(ROOT / 'grading'))
+    import sandbox
+
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    packages = sysconfig.get_paths()['purelib']
+    if os.geteuid() != 0 or not any(
+        sandbox.closed_to_others(sysconfig.get_paths()[key]) for key in ('stdlib', 'purelib')
+    ):
+        yield Path(sys.prefix)
+        return
+    bases = [Path(sys.base_prefix) / 'bin' / version, Path('/usr/bin') / version,
+             Path('/usr/local/bin') / version]  # fmt: skip
+    readable = [b for b in bases if b.exists() and not sandbox.closed_to_others(b.resolve())]
+    if not readable:
+        pytest.skip(f"no {version} here that every user reads, for the sandbox's user")
+    folder = Path(tempfile.mkdtemp(prefix='grader-python-'))
+    folder.chmod(0o755)
+    venv = folder / 'venv'
+    subprocess.run([str(readable[0]), '-m', 'venv', '--without-pip', str(venv)], check=True)
+    (venv_packages,) = venv.glob('lib/python*/site-packages')
+    if sandbox.closed_to_others(packages):
+        shutil.copytree(packages, venv_packages, copy_function=link_or_copy, dirs_exist_ok=True)
+    else:
+        (venv_packages / 'graders_packages.pth').write_text(f"{packages}\n")
+    yield venv
+    shutil.rmtree(folder)
+
+
+def link_or_copy(source, target):
+    try:
+        os.link(source, target)
+    except OSError:  # another file system
+        shutil.copy2(source, target)

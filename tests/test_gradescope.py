@@ -13,7 +13,9 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -107,8 +109,9 @@ def gradescope_tree(root, bundle):
     return root
 
 
-def run_autograder(root, venv=sys.prefix):
-    """run_autograder as Gradescope runs it, with `venv`'s Python: its results.json."""
+def run_autograder(root, venv):
+    """run_autograder as Gradescope runs it, with `venv`'s Python (grader_python's, which
+    the sandbox's user can read): its results.json."""
     env = dict(os.environ, AUTOGRADER_ROOT=str(root), VENV=str(venv))
     done = subprocess.run(
         ['bash', str(root / 'source' / 'run_autograder')],
@@ -152,10 +155,10 @@ def test_the_zip_holds_what_gradescope_runs_and_the_grader(bundles):
     assert not any(name.startswith(('src/', 'tests/')) for name in names)
 
 
-def test_our_submission_gets_full_marks(ours, bundles, tmp_path):
+def test_our_submission_gets_full_marks(ours, bundles, grader_python, tmp_path):
     root = gradescope_tree(tmp_path / 'autograder', bundles['answers'])
     shutil.copy(ours / '2021.zip', root / 'submission' / ZIPS['2021'])
-    results = run_autograder(root)
+    results = run_autograder(root, grader_python)
     tests = {t['name']: t for t in results['tests']}
     answered = {n for n, t in marking.tests_for('2021', True) if t.answers}
     assert set(tests) == {n for n, _ in marking.tests_for('2021', True)}
@@ -169,7 +172,9 @@ def test_our_submission_gets_full_marks(ours, bundles, tmp_path):
     assert not (root / 'source' / 'data' / 'birth_test_answers.tsv').exists()  # read, then gone
 
 
-def test_a_textbook_answer_with_a_mistake_loses_exactly_its_tests(ours, bundles, tmp_path):
+def test_a_textbook_answer_with_a_mistake_loses_exactly_its_tests(
+    ours, bundles, grader_python, tmp_path
+):
     """The 2021 starter with the textbook answers and the handout's outputs, uploaded as
     loose files inside one folder, its synthesizer's b2 not cut to T."""
     folder = tmp_path / 'upload' / 'a5'
@@ -183,7 +188,7 @@ def test_a_textbook_answer_with_a_mistake_loses_exactly_its_tests(ours, bundles,
         shutil.copy(output, folder)
     root = gradescope_tree(tmp_path / 'autograder', bundles['2021'])
     shutil.copytree(folder.parent, root / 'submission', dirs_exist_ok=True)
-    results = run_autograder(root)
+    results = run_autograder(root, grader_python)
     lost = {t['name'] for t in results['tests'] if t['score'] < t['max_score']}
     assert lost == {
         "(g) SynthesizerAttention: eq. 11 with given weights",
@@ -204,7 +209,9 @@ def test_a_textbook_answer_with_a_mistake_loses_exactly_its_tests(ours, bundles,
         ('no src/', r"^no src/ folder in the upload: "),
     ],
 )  # fmt: skip
-def test_an_upload_that_cannot_be_graded_gets_0_and_a_line(ours, bundles, tmp_path, upload, reason):
+def test_an_upload_that_cannot_be_graded_gets_0_and_a_line(
+    ours, bundles, grader_python, tmp_path, upload, reason
+):
     root = gradescope_tree(tmp_path / 'autograder', bundles['2024'])
     submission = root / 'submission'
     if upload == 'the 2021 zip':
@@ -215,7 +222,7 @@ def test_an_upload_that_cannot_be_graded_gets_0_and_a_line(ours, bundles, tmp_pa
         (submission / ZIPS['2024']).write_text('not a zip\n')
     elif upload == 'no src/':
         shutil.copy(ours / 'vanilla.pretrain.dev.predictions', submission)
-    results = run_autograder(root)
+    results = run_autograder(root, grader_python)
     assert results['score'] == 0 and results['tests'] == []
     assert re.search(reason, results['output']) and '\n' not in results['output']
 
@@ -240,13 +247,18 @@ def test_the_teachers_command_says_what_is_wrong_in_a_line(real_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_setup_installs_what_grading_needs(ours, bundles, tmp_path):
+def test_setup_installs_what_grading_needs(ours, bundles, grader_python, tmp_path):
     """setup.sh's install step into a fresh virtual environment (PyPI's torch here, where
-    the CPU index is not reached), then our submission graded with it."""
+    the CPU index is not reached), then our submission graded with it. The environment is
+    made of the Python grader_python is made of, in a folder every user may enter, so that
+    the sandbox's user can read it as on Gradescope; as root, setup.sh adds that user."""
     root = gradescope_tree(tmp_path / 'autograder', bundles['2021'])
-    venv = tmp_path / 'venv'
+    folder = Path(tempfile.mkdtemp(prefix='setup-venv-'))
+    folder.chmod(0o755)
+    venv = folder / 'venv'
+    base = (grader_python / 'bin' / 'python').resolve()
     env = dict(
-        os.environ, AUTOGRADER_ROOT=str(root), VENV=str(venv), BASE_PYTHON=sys.executable,
+        os.environ, AUTOGRADER_ROOT=str(root), VENV=str(venv), BASE_PYTHON=str(base),
         TORCH_INDEX='', SKIP_APT='1',
     )  # fmt: skip
     done = subprocess.run(
@@ -255,6 +267,9 @@ def test_setup_installs_what_grading_needs(ours, bundles, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert 'torch 2.13.0' in done.stdout
     shutil.copy(ours / '2021.zip', root / 'submission' / ZIPS['2021'])
-    results = run_autograder(root, venv)
+    try:
+        results = run_autograder(root, venv)
+    finally:
+        shutil.rmtree(folder)
     failed = [t for t in results['tests'] if t['score'] < t['max_score']]
     assert [t['name'] for t in failed if t['visibility'] == 'visible'] == []

@@ -22,6 +22,7 @@ import editions  # noqa: E402
 import grade  # noqa: E402
 import marking  # noqa: E402
 import probe_runner  # noqa: E402
+import sandbox  # noqa: E402
 import starter  # noqa: E402
 import suite  # noqa: E402
 
@@ -617,7 +618,15 @@ def test_test_answers_grade_the_test_predictions(ours, tmp_path):
     assert rows == [(name, 0, 8, f"0 of 437 right, 0.0%: below 9%; {suite.ACCURACY}")]
 
 
-def test_the_command_line_grades_zips_and_writes_json_and_csv(ours, tmp_path, capsys):
+@pytest.fixture
+def unsandboxed(monkeypatch):
+    """grade.main in this process grades as the user running the tests: as root, the
+    sandbox would refuse pytest's Python where its user cannot read it (pyenv's, under
+    /root here); test_hostile_submissions.py runs the command in the sandbox."""
+    monkeypatch.setattr(sandbox, 'current', lambda: None)
+
+
+def test_the_command_line_grades_zips_and_writes_json_and_csv(ours, tmp_path, capsys, unsandboxed):
     archive = tmp_path / 'assignment5.zip'
     with zipfile.ZipFile(archive, 'w') as z:
         for path in ours.rglob('*'):
@@ -650,7 +659,9 @@ def test_the_command_line_grades_zips_and_writes_json_and_csv(ours, tmp_path, ca
         (['.', '--data', 'nowhere'], 'error: --data nowhere: wiki.txt is missing'),
     ],
 )
-def test_bad_input_is_one_line(real_data, tmp_path, monkeypatch, capsys, argv, message):
+def test_bad_input_is_one_line(
+    real_data, tmp_path, monkeypatch, capsys, argv, message, unsandboxed
+):
     monkeypatch.chdir(tmp_path)
     assert grade.main(argv + (['--data', str(real_data)] if '--data' not in argv else [])) == 2
     err = capsys.readouterr().err

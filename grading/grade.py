@@ -46,7 +46,7 @@ from pathlib import Path
 import sandbox
 from editions import EDITIONS, UserError, check_data, read_answers
 from marking import grade
-from uploads import guess_edition, unpacked
+from uploads import find_submission, guess_edition
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -161,7 +161,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix='submissions-') as unpack:
         for path in args.submissions:
             try:
-                submission = unpacked(path, Path(unpack))
+                submission, note = find_submission(path, Path(unpack), str(path))
             except UserError as e:  # one unreadable submission; the others are still graded
                 print(f"error: {e}", file=sys.stderr)
                 graded.append((path, None, [], str(e)))
@@ -174,7 +174,8 @@ def main(argv=None):
                 rows.append(learning_row(submission, edition, args.data, box))
             seconds = time.perf_counter() - start
             guessed = '' if args.edition else ', told from its files; --edition to choose'
-            print(table(rows, f"{path} ({edition} edition{guessed})", seconds))
+            noted = f"; {note}" if note else ''
+            print(table(rows, f"{path} ({edition} edition{guessed}{noted})", seconds))
             graded.append((path, edition, rows, ''))
     if args.json and graded[0][2]:
         args.json.write_text(json.dumps(results_json(graded[0][2]), indent=2) + '\n')

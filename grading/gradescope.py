@@ -137,13 +137,17 @@ def graded(root, config):
         answers = read_answers(data / ANSWERS_FILE, data)
         (data / ANSWERS_FILE).unlink()  # the answers live on in this process's memory alone
     with tempfile.TemporaryDirectory(prefix='upload-') as unpack:
-        submission = find_submission(root / 'submission', Path(unpack))
+        submission, note = find_submission(root / 'submission', Path(unpack))
         check_edition(submission, edition)
         rows = marking.grade(submission, edition, data, answers, box=box)
     seconds = time.perf_counter() - start
-    print(grade.table(rows, f"the upload ({edition} edition)", seconds))
+    noted = f"; {note}" if note else ''
+    print(grade.table(rows, f"the upload ({edition} edition{noted})", seconds))
     after_published = {name for name, t in marking.tests_for(edition, True) if t.answers}
-    return grade.results_json(rows, after_published, seconds)
+    results = grade.results_json(rows, after_published, seconds)
+    if note:  # which of the uploaded files were graded, for the student to see
+        results['output'] = note[0].upper() + note[1:] + '.'
+    return results
 
 
 def run(root):
@@ -193,9 +197,16 @@ def main(argv=None):
     except (UserError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    points = sum(t.points for _, t in marking.tests_for(args.edition, args.answers is not None))
+    chosen = [t for _, t in marking.tests_for(args.edition, args.answers is not None)]
+    points = sum(t.points for t in chosen)
     print(
         f"wrote {args.out}: the {args.edition} edition's autograder for Gradescope, {points} points"
+    )
+    ours_only = sum(t.points for t in chosen if 'machinery' in t.probes)  # as marking.grade
+    print(
+        f"  ({points - ours_only} for an upload made from the course's own starter: it has no "
+        f"src/machinery, so the {ours_only}-point check of what our starter's machinery does "
+        "with the student's code is left out)"
     )
     return 0
 

@@ -1,31 +1,24 @@
-"""What is graded, from what was uploaded: the folder holding src/ in a submission given as
-a folder or a zip (unpacked), or in a Gradescope upload of either shape (find_submission);
+"""What is graded, from what was uploaded (find_submission): the zip collect_submission.sh
+makes, that zip inside a folder or beside other files, src/ at any depth, or the handout's
+files dragged in one by one (the upload form Gradescope shows first), placed as
+collect_submission.sh places them;
 and the edition it was written for, told from its files (guess_edition), or a refusal
 where it is another edition's than the assignment's (check_edition).
 """
 
 import re
+import shutil
 import zipfile
 
 from editions import EDITIONS, UserError
 
-
-def unpacked(path, into):
-    """The folder holding src/ in the submission `path` (a folder, or a zip unpacked into
-    `into`)."""
-    if path.is_file() and zipfile.is_zipfile(path):
-        target = into / f"{len(list(into.iterdir()))}"
-        with zipfile.ZipFile(path) as z:
-            z.extractall(target)  # zipfile drops absolute paths and '..' from the names
-        path = target
-    elif not path.is_dir():
-        raise UserError(f"{path}: neither a folder nor a zip file")
-    if (path / 'src').is_dir():
-        return path
-    inner = [p for p in path.iterdir() if (p / 'src').is_dir()]
-    if len(inner) == 1:
-        return inner[0]
-    raise UserError(f"{path}: no src/ folder in it (a submission holds src/ and the outputs)")
+# what uploads hold besides a submission: Macs' __MACOSX/ and .DS_Store, byte code, and
+# editors' and tools' folders (virtual environments are told by their pyvenv.cfg)
+PASSED_OVER = {'__MACOSX', '.DS_Store', '__pycache__', '.git', '.idea', '.vscode',
+               '.ipynb_checkpoints', 'node_modules'}  # fmt: skip
+UPLOAD_IT = "upload the zip collect_submission.sh makes"
+ONE = f"upload one, {UPLOAD_IT.removeprefix('upload ')}"
+LISTED = 4  # the files a refusal names at most
 
 
 def guess_edition(path, submission):
@@ -43,37 +36,125 @@ def guess_edition(path, submission):
     return '2024' if path.name == 'assignment4_submission.zip' else '2021'
 
 
-def find_submission(upload, into):
-    """The folder holding src/ in what the student uploaded: the files loose (src/ at the
-    top, or inside one folder), or one zip holding them (collect_submission.sh's)."""
-    files = [p for p in upload.rglob('*') if p.is_file()] if upload.is_dir() else []
+def find_submission(path, into, name='the upload'):
+    """(the folder holding the submission's src/, a note or None) in `path`, a folder or a
+    zip file, called `name` in messages. The submission is the one src/ folder in it at any
+    depth, else the handout's files uploaded loose (a folder holding run.py and model.py),
+    placed as collect_submission.sh places them. A zip in the folder, at any depth, is
+    looked into the same way, and one that holds a submission is graded before the files
+    beside it: the note says so. Zips are unpacked, and loose files placed, in `into`."""
+    if path.is_file() and zipfile.is_zipfile(path):
+        found = submissions(unzipped(path, into, path.name), into)
+        if not found:
+            raise UserError(f"no src/ folder in {path.name}: {UPLOAD_IT}")
+        return only(found, path.name), None
+    if not path.is_dir():
+        raise UserError(f"{path}: neither a folder nor a zip file")
+    files = listed(path)
     if not files:
-        raise UserError(
-            "the upload is empty: upload the zip collect_submission.sh makes (src/ and the "
-            "handout's outputs)"
+        raise UserError(f"{name} is empty: {UPLOAD_IT} (src/ and the handout's outputs)")
+    zips = [f for f in files if f.suffix.lower() == '.zip']
+    loose = submissions(path, into)
+    zipped = {}
+    for z in zips:
+        zip_name = z.relative_to(path).as_posix()
+        if not zipfile.is_zipfile(z):
+            if loose or len(zips) > 1:
+                continue  # beside a submission, a file of another kind named .zip
+            raise UserError(f"{zip_name} is not a zip file: {UPLOAD_IT}")
+        found = submissions(unzipped(z, into, zip_name), into)
+        if found:
+            zipped[zip_name] = found
+    if len(zipped) > 1:
+        raise UserError(f"{len(zipped)} zips hold a submission ({', '.join(zipped)}): {ONE}")
+    if zipped:
+        ((zip_name, found),) = zipped.items()
+        return only(found, zip_name), f"graded {zip_name}" + (
+            "; the files beside it were not" if loose else ''
         )
+    if loose:
+        return only(loose, name), None
+    if zips:
+        names = ' or '.join(z.relative_to(path).as_posix() for z in zips)
+        raise UserError(f"no src/ folder in {names}: {UPLOAD_IT}")
+    raise UserError(
+        f"no src/ folder in {name}, nor the handout's files (run.py, model.py, ...): it "
+        f"holds {described(files, path)}: {UPLOAD_IT}, or src/ and the handout's outputs"
+    )
+
+
+def listed(folder):
+    """The files in `folder` at any depth, less what PASSED_OVER names, links and virtual
+    environments."""
+    found = []
+    for path in sorted(folder.iterdir()):
+        if path.name in PASSED_OVER or path.is_symlink():
+            continue
+        if path.is_dir() and not (path / 'pyvenv.cfg').is_file():
+            found += listed(path)
+        elif path.is_file():
+            found.append(path)
+    return found
+
+
+def submissions(folder, into):
+    """The submissions in `folder`, as (the folder holding src/, its name): each src/ folder
+    of Python files that is in no other, else each folder of the handout's files loose
+    (placed in `into`)."""
+    files = [f for f in listed(folder) if f.suffix.lower() != '.zip']
+    code = sorted({f.parent for f in files if f.suffix == '.py'})
+    sources = [
+        s for s in code
+        if s.name == 'src' and 'src' not in s.relative_to(folder).parts[:-1]
+    ]  # fmt: skip
+    if sources:
+        return [(s.parent, s.relative_to(folder).as_posix()) for s in sources]
+    loose = [c for c in code if (c / 'run.py').is_file() and (c / 'model.py').is_file()]
+    return [(placed(c, into), (c.relative_to(folder) / '*.py').as_posix()) for c in loose]
+
+
+def only(found, where):
+    """The one submission `found` in `where`, else a refusal naming each."""
+    if len(found) > 1:
+        names = ', '.join(name for _, name in found)
+        raise UserError(f"{len(found)} submissions in {where} ({names}): {ONE}")
+    return found[0][0]
+
+
+def placed(code, into):
+    """The handout's files uploaded loose in `code`, placed as collect_submission.sh places
+    them: the Python files (and the packages among the folders) in src/, london_baseline.py
+    and the outputs beside it."""
+    target = into / f"{len(list(into.iterdir()))}"
+    (target / 'src').mkdir(parents=True)
+    for path in sorted(code.iterdir()):
+        if path.name in PASSED_OVER or path.is_symlink():
+            continue
+        if path.is_file() and path.suffix == '.py' and path.name != 'london_baseline.py':
+            shutil.copy2(path, target / 'src' / path.name)
+        elif path.is_file():
+            shutil.copy2(path, target / path.name)
+        elif (path / '__init__.py').is_file():  # a package of the code, as machinery/
+            shutil.copytree(path, target / 'src' / path.name)
+    return target
+
+
+def unzipped(path, into, name):
+    """`path` unpacked in a folder of its own in `into`."""
+    target = into / f"{len(list(into.iterdir()))}"
     try:
-        return unpacked(upload, into)
-    except UserError:
-        pass
-    zips = [p for p in upload.iterdir() if p.suffix.lower() == '.zip']
-    if len(zips) != 1:
-        raise UserError(
-            "no src/ folder in the upload: upload the zip collect_submission.sh makes, or "
-            "src/ and the handout's outputs"
-        )
-    if not zipfile.is_zipfile(zips[0]):
-        raise UserError(
-            f"{zips[0].name} is not a zip file: upload the zip collect_submission.sh makes"
-        )
-    try:
-        return unpacked(zips[0], into)
-    except (zipfile.BadZipFile, OSError) as e:
-        raise UserError(f"{zips[0].name} cannot be unpacked: {e}")
-    except UserError:
-        raise UserError(
-            f"no src/ folder in {zips[0].name}: upload the zip collect_submission.sh makes"
-        )
+        with zipfile.ZipFile(path) as z:
+            z.extractall(target)  # zipfile drops absolute paths and '..' from the names
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        raise UserError(f"{name} cannot be unpacked: {e}")
+    return target
+
+
+def described(files, folder):
+    """'3 files (a, b, c)', naming the first few."""
+    names = [f.relative_to(folder).as_posix() for f in files]
+    more = f" and {len(names) - LISTED} more" if len(names) > LISTED else ''
+    return f"{len(names)} file{'s' * (len(names) != 1)} ({', '.join(names[:LISTED])}{more})"
 
 
 def check_edition(submission, edition):

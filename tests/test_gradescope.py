@@ -91,7 +91,26 @@ def bundles(ours, answers, tmp_path_factory):
         made[key] = folder / f"autograder-{key}.zip"
         done = gradescope_command('--edition', edition, '--out', made[key], *extra)
         assert done.returncode == 0 and done.stdout.startswith('wrote '), done.stderr
+        printed = re.search(r"(\d+) points\n  \((\d+) for .* the (\d+)-point check", done.stdout)
+        made[f"{key} points"] = [int(n) for n in printed.groups()]
     return made
+
+
+def test_the_printed_points_are_what_results_json_totals(ours, bundles, grader_python, tmp_path):
+    """The teacher's command prints the total of an upload made from our starter, and of one
+    made from the course's own (no src/machinery, so no check of it)."""
+    total, course_total, machinery = bundles['2021 points']
+    totals = []
+    for upload in ('ours', 'the course starter'):
+        root = gradescope_tree(tmp_path / upload, bundles['2021'])
+        shutil.copytree(ours, root / 'submission' / 'a5', dirs_exist_ok=True)
+        if upload == 'the course starter':
+            shutil.rmtree(root / 'submission' / 'a5' / 'src' / 'machinery')
+        for name in ZIPS:
+            (root / 'submission' / 'a5' / f"{name}.zip").unlink()
+        results = run_autograder(root, grader_python)
+        totals.append(sum(t['max_score'] for t in results['tests']))
+    assert totals == [total, course_total] and total - course_total == machinery > 0
 
 
 def gradescope_command(*argv):
@@ -206,7 +225,8 @@ def test_a_textbook_answer_with_a_mistake_loses_exactly_its_tests(
          r"collect_submission\.sh 2024` makes$"),
         ('the 2021 starter', r"^this upload is of the 2021 edition \(synthesizer\), "),
         ('a text file named .zip', r"^assignment4_submission\.zip is not a zip file: "),
-        ('no src/', r"^no src/ folder in the upload: "),
+        ('no src/', r"^no src/ folder in the upload, nor the handout's files \(run\.py, "
+         r"model\.py, \.\.\.\): it holds 1 file \(vanilla\.pretrain\.dev\.predictions\): "),
     ],
 )  # fmt: skip
 def test_an_upload_that_cannot_be_graded_gets_0_and_a_line(

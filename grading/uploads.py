@@ -69,9 +69,10 @@ def find_submission(path, into, name='the upload'):
         raise UserError(f"{len(zipped)} zips hold a submission ({', '.join(zipped)}): {ONE}")
     if zipped:
         ((zip_name, found),) = zipped.items()
-        return only(found, zip_name), f"graded {zip_name}" + (
-            "; the files beside it were not" if loose else ''
-        )
+        if files == [path / zip_name] and '/' not in zip_name:
+            return only(found, zip_name), None  # the zip alone: nothing to tell
+        beside = "; the files beside it were not" if loose else ''
+        return only(found, zip_name), f"graded {zip_name}{beside}"
     if loose:
         return only(loose, name), None
     if zips:

@@ -55,20 +55,23 @@ class Sandbox:
         """Makes this process the user's, in `folder` (its working folder, the user's own),
         for a probe of at most `seconds`: called in the probe's process before anything of
         the submission runs; nothing of the grader's is left open in it."""
-        limit(seconds)
-        os.setgroups([])
-        os.setgid(self.gid)
-        os.setuid(self.uid)  # real, effective and saved: there is no way back to root
+        self.become(seconds)
         os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         os.environ['HOME'] = str(folder)
         os.umask(0o077)
 
+    def become(self, seconds):
+        """This process, root's, becomes the user's, within the limits (which root sets
+        before, as the user could not raise its out-of-memory score)."""
+        limit(seconds)
+        os.setgroups([])
+        os.setgid(self.gid)
+        os.setuid(self.uid)  # real, effective and saved: there is no way back to root
+
     def command_options(self, seconds):
         """subprocess's options that run a command as the user, within the limits, for at
-        most `seconds` of CPU time."""
-        return dict(
-            user=self.uid, group=self.gid, extra_groups=[], preexec_fn=lambda: limit(seconds)
-        )
+        most `seconds` of CPU time (subprocess's own user= would change it first)."""
+        return dict(preexec_fn=lambda: self.become(seconds))
 
     def give(self, path):
         """Makes `path` (a file, or a folder and all in it) the user's."""

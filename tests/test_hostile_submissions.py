@@ -472,3 +472,28 @@ def test_the_teachers_command_as_root_runs_the_code_as_the_sandboxs_user(
     user = pwd.getpwnam(sandbox.USER)
     seen = set(drop.read_text().splitlines())
     assert seen == {f"{user.pw_uid} {user.pw_gid} [] {sandbox.MAX_PROCESSES}"}, seen
+
+
+def test_a_command_run_for_the_sandbox_is_the_users_within_the_limits(grader_python):
+    """What grade.py --learning_check runs (sandbox.command_options): the user's uid and gid,
+    no other groups, the limits, and no way back to root."""
+    box = sandbox.Sandbox(pwd.getpwnam(sandbox.USER))
+    code = (
+        "import os, resource\n"
+        "print(os.getresuid(), os.getresgid(), os.getgroups(),\n"
+        "      resource.getrlimit(resource.RLIMIT_NPROC)[0],\n"
+        "      open('/proc/self/oom_score_adj').read().strip())\n"
+        "try:\n"
+        "    os.setuid(0)\n"
+        "except PermissionError:\n"
+        "    print('no way back')\n"
+    )
+    done = subprocess.run(
+        [str(grader_python / 'bin' / 'python'), '-c', code],
+        capture_output=True, text=True, cwd='/', **box.command_options(seconds=60),
+    )  # fmt: skip
+    uid, gid = box.uid, box.gid
+    assert done.stdout.split('\n')[:2] == [
+        f"{(uid, uid, uid)} {(gid, gid, gid)} [] {sandbox.MAX_PROCESSES} 1000",
+        'no way back',
+    ], done.stderr

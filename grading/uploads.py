@@ -19,6 +19,7 @@ PASSED_OVER = {'__MACOSX', '.DS_Store', '__pycache__', '.git', '.idea', '.vscode
 UPLOAD_IT = "upload the zip collect_submission.sh makes"
 ONE = f"upload one, {UPLOAD_IT.removeprefix('upload ')}"
 LISTED = 4  # the files a refusal names at most
+MAX_UNPACKED = 2**30  # bytes: a submission with its three params unpacks to about 40 MB
 
 
 def guess_edition(path, submission):
@@ -145,6 +146,12 @@ def unzipped(path, into, name):
     target = into / f"{len(list(into.iterdir()))}"
     try:
         with zipfile.ZipFile(path) as z:
+            size = sum(info.file_size for info in z.infolist())
+            if size > MAX_UNPACKED:  # unpacked as root, before any limit on the student
+                raise UserError(
+                    f"{name} unpacks to {size / 2**30:.1f} GB, more than a submission's "
+                    f"{MAX_UNPACKED // 2**30} GB: {UPLOAD_IT}"
+                )
             z.extractall(target)  # zipfile drops absolute paths and '..' from the names
     except (zipfile.BadZipFile, OSError, ValueError) as e:
         raise UserError(f"{name} cannot be unpacked: {e}")

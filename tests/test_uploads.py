@@ -25,6 +25,7 @@ from test_gradescope import (  # noqa: F401 (fixtures)
 )
 
 sys.path.insert(0, str(ROOT / 'grading'))
+import uploads  # noqa: E402
 from editions import UserError  # noqa: E402
 from uploads import PASSED_OVER, find_submission  # noqa: E402
 
@@ -159,3 +160,16 @@ def test_an_upload_it_cannot_grade_gets_a_line_naming_what_it_found(tmp_path, la
     with pytest.raises(UserError) as refused:
         find_submission(upload, tmp_path / 'into')
     assert re.search(reason, str(refused.value)), str(refused.value)
+
+
+def test_a_zip_that_unpacks_past_the_bound_is_refused_before_unpacking(tmp_path, monkeypatch):
+    """A zip bomb would fill the disk as root, before any limit on the student's code."""
+    monkeypatch.setattr(uploads, 'MAX_UNPACKED', 2**20)
+    upload = tmp_path / 'upload'
+    upload.mkdir()
+    with zipfile.ZipFile(upload / 'a5.zip', 'w', zipfile.ZIP_DEFLATED) as z:
+        z.writestr('src/run.py', '\0' * (2**20 + 1))
+    (tmp_path / 'into').mkdir()
+    with pytest.raises(UserError, match=r"^a5\.zip unpacks to 0\.0 GB, more than a submission's"):
+        find_submission(upload, tmp_path / 'into')
+    assert list((tmp_path / 'into').iterdir()) == []

@@ -108,10 +108,11 @@ def with_the_data(folder, tiny, monkeypatch):
     monkeypatch.setenv('COURSE_DATA_MD5', ' '.join(sums))
 
 
-def headless(notebook, folder, grading=True):
-    """Runs the notebook's code cells in `folder` as one program, with the CPU's settings:
-    fp32 (fp16 is for GPUs) and one epoch; without the grader's cell unless `grading`.
-    Returns its output."""
+def headless(notebook, folder, python, grading=True):
+    """Runs the notebook's code cells in `folder` as one program, with `python` (Colab's is
+    root's, so the grader's cell grades in the sandbox: conftest's grader_python) and the
+    CPU's settings: fp32 (fp16 is for GPUs) and one epoch; without the grader's cell unless
+    `grading`. Returns its output."""
     cells = [''.join(c['source']) for c in code_cells(notebook)]
     assert 'parameters' in code_cells(notebook)[0]['metadata']['tags']
     # the first cell's values, then the CPU's
@@ -121,7 +122,7 @@ def headless(notebook, folder, grading=True):
     if not grading:
         cells = [c for c in cells if 'grading/grade.py' not in c]
     done = subprocess.run(
-        [sys.executable, '-c', '\n\n'.join(cells)],
+        [str(python), '-c', '\n\n'.join(cells)],
         cwd=folder,
         capture_output=True,
         text=True,
@@ -149,7 +150,7 @@ def assert_results(folder, variant):
 
 
 @pytest.mark.slow
-def test_the_notebook_runs_headless_and_again_skips_what_exists(tiny, monkeypatch):
+def test_the_notebook_runs_headless_and_again_skips_what_exists(tiny, monkeypatch, grader_python):
     for relative in ['src', 'grading', 'tools', 'london_baseline.py', 'collect_submission.sh']:
         source = ROOT / relative
         if source.is_dir():
@@ -157,18 +158,21 @@ def test_the_notebook_runs_headless_and_again_skips_what_exists(tiny, monkeypatc
         else:
             shutil.copy(source, tiny / relative)
     with_the_data(tiny, tiny, monkeypatch)
-    first = headless(NOTEBOOK, tiny)
+    python = grader_python / 'bin' / 'python'
+    first = headless(NOTEBOOK, tiny, python)
     assert 'data/ is ready' in first
     assert_results(tiny, 'synthesizer')
     assert graded(first)
-    again = headless(NOTEBOOK, tiny, grading=False)
+    again = headless(NOTEBOOK, tiny, python, grading=False)
     assert again.count('exists: skipped') == 3 + 4 + 4
     ran = [line for line in again.split('\n') if line.startswith('$ ')]
     assert not [line for line in ran if 'src/run.py' in line and ' evaluate ' not in line]
 
 
 @pytest.mark.slow
-def test_a_starters_notebook_trains_the_students_code_and_grades_it(tiny, monkeypatch):
+def test_a_starters_notebook_trains_the_students_code_and_grades_it(
+    tiny, monkeypatch, grader_python
+):
     """In a 2021 starter filled with the textbook answers: every run.py command is the
     starter's own, the results are written in its folder, and the grader's table gives
     its code full marks and reads its params and predictions."""
@@ -185,7 +189,7 @@ def test_a_starters_notebook_trains_the_students_code_and_grades_it(tiny, monkey
     run_py.write_text(text.replace(main, main + mark), encoding='utf-8')
     with_the_data(folder, tiny, monkeypatch)
 
-    output = headless(folder / 'colab.ipynb', folder)
+    output = headless(folder / 'colab.ipynb', folder, grader_python / 'bin' / 'python')
     assert 'data/ is ready' in output
     assert output.count(f"ran {os.path.realpath(run_py)}") == 3 + 4 + 4
     assert output.count('\nran ') == 3 + 4 + 4  # no other run.py

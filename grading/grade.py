@@ -131,8 +131,7 @@ def learning_row(submission, edition_name, data, box=None):
             )  # fmt: skip
         finally:
             if box:
-                box.end_processes()
-                box.remove_files()
+                box.clear()
     printed = [line for line in done.stdout.split('\n') if line]
     trains = "trains as a correct one does"
     name = f"learning check (optional, no points): the {variant} model {trains}"

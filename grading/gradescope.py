@@ -197,16 +197,17 @@ def main(argv=None):
     except (UserError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    chosen = [t for _, t in marking.tests_for(args.edition, args.answers is not None)]
-    points = sum(t.points for t in chosen)
+    points, course_points = (
+        sum(t.points for _, t in marking.tests_for(args.edition, args.answers is not None, ours))
+        for ours in (True, False)
+    )
     print(
         f"wrote {args.out}: the {args.edition} edition's autograder for Gradescope, {points} points"
     )
-    ours_only = sum(t.points for t in chosen if 'machinery' in t.probes)  # as marking.grade
     print(
-        f"  ({points - ours_only} for an upload made from the course's own starter: it has no "
-        f"src/machinery, so the {ours_only}-point check of what our starter's machinery does "
-        "with the student's code is left out)"
+        f"  ({course_points} for an upload made from the course's own starter: it has no "
+        f"src/machinery, so the {points - course_points}-point check of what our starter's "
+        "machinery does with the student's code is left out)"
     )
     return 0
 

@@ -80,6 +80,11 @@ class Sandbox:
             for name in folders + files:
                 os.chown(os.path.join(top, name), self.uid, self.gid, follow_symlinks=False)
 
+    def clear(self):
+        """Ends every process of the user, then removes the files it left."""
+        self.end_processes()
+        self.remove_files()
+
     def processes(self):
         """The pids of the processes running as the user (by any of their uids)."""
         found = []
@@ -259,8 +264,7 @@ class DiskGuard:
                         f"the submission's processes wrote more than {DISK_BUDGET // 2**20} MB "
                         "of files and were ended"
                     )
-                    self.box.end_processes()
-                    self.box.remove_files()  # the free space comes back; the guard goes on
+                    self.box.clear()  # the free space comes back; the guard goes on
 
 
 if __name__ == '__main__':

@@ -26,6 +26,12 @@ K puts K pretrainings of one variant in one process, stepping together
         --pretrain_seeds 0 1 2 3 4 --seeds 0 1 2 --outdir results/seeds --jobs 2 \
         --share 5 --precision fp32              # shared runs train in fp32 only
 
+With --cluster slurm each pretraining group (or --pretrained file) with its runs is one
+job of a Slurm job array, preemptible and resumable (research/slurm_grid.py):
+
+    python research/grid.py --pretrain vanilla rope --pretrain_seeds 0 1 2 --seeds 0 1 2 \
+        --outdir results/seeds --precision bf16 --cluster slurm --slurm_partition gpu
+
 Outputs go to --outdir: MODEL.METHOD.sSEED.params and its .dev/.test.predictions;
 grid.json records each run's settings, the md5 of the params it started from, the code's
 commit and its figures; grid.md holds the table, grid.csv every run. Models whose names
@@ -35,7 +41,9 @@ predictions exist with the same settings is skipped, and an interrupted one resu
 after an interruption run the same command again; one made with other settings is
 refused before any work. Params are not committed: on another machine, with grid.json and
 the predictions committed, the same command skips each pretraining whose runs are all
-done, and pretrains again (and runs again from) one whose runs are not.
+done, and pretrains again (and runs again from) one whose runs are not. Several processes
+may write one --outdir (Slurm's jobs, or two commands): each saves its own entries into
+grid.json under its lock, and a run found without its entry is made again.
 """
 
 import import_paths  # first: src/ and tools/ on sys.path
@@ -121,7 +129,37 @@ def parse_args(argv):
     argp.add_argument('--lora_alpha', type=run.positive(float), help="default: run.py's")
     devices.add_arguments(argp)
     argp.add_argument('--plot', help="also draw accuracy against trainable parameters here")
+    cluster = argp.add_argument_group(
+        'on a Slurm cluster (docs/research.md)', "--cluster slurm: each pretraining group "
+        "(or --pretrained file) with its finetunings is one job of a job array (submitit)"
+    )  # fmt: skip
+    cluster.add_argument(
+        '--cluster', choices=['local', 'slurm'], default='local',
+        help="local: here (default); slurm: Slurm jobs, followed until they end",
+    )  # fmt: skip
+    cluster.add_argument('--slurm_partition', help="default: the cluster's")
+    cluster.add_argument('--slurm_gpus', type=non_negative, default=1, help="per job (default 1)")
+    cluster.add_argument('--slurm_cpus', type=run.positive(int), default=4,
+                         help="per job (default 4)")  # fmt: skip
+    cluster.add_argument('--slurm_mem_gb', type=run.positive(int), default=16,
+                         help="memory per job (default 16)")  # fmt: skip
+    cluster.add_argument(
+        '--slurm_minutes', type=run.positive(int), default=60,
+        help="time limit per job (default 60); a job near it saves its state and is requeued",
+    )  # fmt: skip
+    cluster.add_argument('--slurm_at_once', type=run.positive(int),
+                         help="jobs running at once (default: as Slurm allows)")  # fmt: skip
+    cluster.add_argument(
+        '--slurm_setup', action='append', default=[], metavar='LINE',
+        help="a shell line each job runs first, e.g. 'module load cuda' (repeatable)",
+    )  # fmt: skip
     return argp.parse_args(argv)
+
+
+def non_negative(text):
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: not a whole number of 0 or more")
+    return int(text)
 
 
 def pretrained_model(path):
@@ -183,18 +221,9 @@ def run_all(args):
     """Every pretraining missing (--pretrain), and every run whose dev and test predictions
     are missing; returns the record."""
     os.makedirs(args.outdir, exist_ok=True)
-    path = os.path.join(args.outdir, 'grid.json')
-    record = records.read_record(path)
-    save = lambda: records.write_record(path, record)
-    pretrainings = pretraining_runs(args)
-    records.check_made_with([(key, out, made) for key, out, made, _ in pretrainings], record)
-    to_make = []  # the pretrainings not skipped as done elsewhere (checked before any work)
-    for key, out, made_with, argv in pretrainings:
-        if not os.path.exists(out) and done_elsewhere(args, key, out, made_with, record):
-            print(f"== {key}: its finetunings and evaluations are done (grid.json; its "
-                  f"params stayed where it was made), skipped")  # fmt: skip
-        else:
-            to_make.append((key, out, made_with, argv))
+    record = records.SharedRecord(os.path.join(args.outdir, 'grid.json'))
+    save = record.save
+    to_make = to_pretrain(args, record)
     runs = planned_runs(args)
     records.check_made_with([(key, out + '.params', made) for key, out, made, _ in runs], record)
     finetune_all(args, runs, record, save)
@@ -206,6 +235,21 @@ def run_all(args):
     return record
 
 
+def to_pretrain(args, record):
+    """The --pretrain runs not done elsewhere, after checking, before any work, that none
+    was made with other settings."""
+    pretrainings = pretraining_runs(args)
+    records.check_made_with([(key, out, made) for key, out, made, _ in pretrainings], record)
+    to_make = []
+    for key, out, made_with, argv in pretrainings:
+        if not os.path.exists(out) and done_elsewhere(args, key, out, made_with, record):
+            print(f"== {key}: its finetunings and evaluations are done (grid.json; its "
+                  f"params stayed where it was made), skipped")  # fmt: skip
+        else:
+            to_make.append((key, out, made_with, argv))
+    return to_make
+
+
 def finetune_all(args, runs, record, save):
     """The planned_runs whose dev and test predictions are missing, one after another."""
     code, machine = records.commit(), devices.describe(args.device)
@@ -215,10 +259,10 @@ def finetune_all(args, runs, record, save):
             print(f"== {key}: {out}.* exist, skipped")
             continue
         print(f"== {key}")
-        finetuning = not os.path.exists(out + '.params')
-        if finetuning:  # made now: its record begins again
+        finetuning = not os.path.exists(out + '.params') or key not in record
+        if finetuning:  # made now (again, if found without its record): its record begins
             record[key] = {'made_with': made_with, 'commit': code, 'machine': machine}
-        entry = record[key]
+        entry = record.entry(key)
         save()  # before the work: a leftover .resume is then known to be this run's
         if finetuning:
             resuming = ['--resume'] if os.path.exists(out + '.params.resume') else []
@@ -271,7 +315,13 @@ def done_elsewhere(args, key, out, made_with, record):
             f"{records.differences(entry['made_with'], made_with)}. Use another --outdir"
         )
     name, variant = made_with['model'], made_with['pretrain'][0]
-    model = (out, name, variant, VARIANT_FLAGS.get(variant, []), entry['params_md5'])
+    return runs_done(args, (out, name, variant, VARIANT_FLAGS.get(variant, []),
+                            entry['params_md5']), record)  # fmt: skip
+
+
+def runs_done(args, model, record):
+    """Whether every finetuning and evaluation this command plans for `model` (model_of's
+    tuple) is recorded with these settings, its predictions here."""
     for run_key, prefix, run_made_with, _ in planned_runs(args, [model]):
         run = record.get(run_key, {})
         if run.get('made_with') != run_made_with or 'dev_correct' not in run:
@@ -293,31 +343,37 @@ def pretrain_all(args, pretrainings, record, save):
     code, machine = records.commit(), devices.describe(args.device)
     missing = []
     for key, out, made_with, argv in pretrainings:
-        if os.path.exists(out):
+        if os.path.exists(out) and key in record:
             print(f"== {key}: {out} exists, skipped")
             yield out
         else:
+            if os.path.exists(out):
+                print(f"== {key}: {out} has no record in grid.json: pretrained again")
             record[key] = {'made_with': made_with, 'commit': code, 'machine': machine}
             missing.append((key, out, argv))
     save()
     waiting = group_runs(missing, args.share)
     gpus = visible_gpus(args.device)
     running = {}  # process -> (group, log, start, slot)
+
+    def start_waiting():
+        while waiting and len(running) < args.jobs:
+            group = waiting.pop(0)
+            slot = min(set(range(args.jobs)) - {r[3] for r in running.values()})
+            command, log_path = group_command(group)
+            env = gpu_for(slot, gpus)
+            where = f" (GPU {env['CUDA_VISIBLE_DEVICES']})" if env else ""
+            keys = ', '.join(key for key, _, _ in group)
+            print(f"== {keys}{where}: {' '.join(command[1:])}", flush=True)
+            log = open(log_path, 'w', encoding='utf-8')
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                       env={**os.environ, **env} if env else None,
+                                       **process_options())  # fmt: skip
+            running[process] = (group, log, time.time(), slot)
+
     try:
-        while waiting or running:
-            while waiting and len(running) < args.jobs:
-                group = waiting.pop(0)
-                slot = min(set(range(args.jobs)) - {r[3] for r in running.values()})
-                command, log_path = group_command(group)
-                env = gpu_for(slot, gpus)
-                where = f" (GPU {env['CUDA_VISIBLE_DEVICES']})" if env else ""
-                keys = ', '.join(key for key, _, _ in group)
-                print(f"== {keys}{where}: {' '.join(command[1:])}", flush=True)
-                log = open(log_path, 'w', encoding='utf-8')
-                process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                           env={**os.environ, **env} if env else None,
-                                           start_new_session=True)  # fmt: skip
-                running[process] = (group, log, time.time(), slot)
+        start_waiting()
+        while running:
             done = next((p for p in running if p.poll() is not None), None)
             if done is None:
                 time.sleep(0.5)
@@ -332,6 +388,7 @@ def pretrain_all(args, pretrainings, record, save):
                 )
             record_written(record, group, log.name, start, len(running) + 1)
             save()
+            start_waiting()  # the next pretrainings go on while this one's are finetuned
             for _, out, _ in group:
                 yield out
     finally:
@@ -368,13 +425,30 @@ def record_written(record, group, log, start, at_once):
         print(f"== {key}: written in {seconds:.0f} s", flush=True)
 
 
+# Set in a job of research/slurm_grid.py, where Slurm itself signals every process of the
+# job: a preemption's or a requeue's SIGTERM reaches each pretraining process directly.
+IN_SLURM_JOB = False
+
+
+def process_options():
+    """How a pretraining process starts. In a session of its own, so that grid.py gives it
+    the one stop it gets (stop_process): a terminal's Ctrl-C reaches the foreground
+    process group only. In a Slurm job, in grid.py's group, where Slurm's signals reach
+    it (whichever way the cluster tracks a job's processes), with the time limit's early
+    warning (SIGUSR2, which slurm_grid.py answers by asking for a requeue) ignored."""
+    if IN_SLURM_JOB:
+        return {'preexec_fn': lambda: signal.signal(signal.SIGUSR2, signal.SIG_IGN)}
+    return {'start_new_session': True}
+
+
 def stop_process(process):
     """Ctrl-C for one pretraining process, which then saves its state after the step and
     ends. It runs in a session of its own (start_new_session), so this is the one stop it
     gets: a terminal's Ctrl-C, or `timeout -s INT`, signals grid.py's process group, and a
-    run that gets a second Ctrl-C stops at once, without saving. On Windows a process has
-    no SIGINT of its own, and the console's Ctrl-C has reached every process in it."""
-    if process.poll() is None and os.name != 'nt':
+    run that gets a second Ctrl-C stops at once, without saving. In a Slurm job, Slurm has
+    signalled it itself. On Windows a process has no SIGINT of its own, and the console's
+    Ctrl-C has reached every process in it."""
+    if process.poll() is None and os.name != 'nt' and not IN_SLURM_JOB:
         process.send_signal(signal.SIGINT)
 
 
@@ -621,33 +695,47 @@ def plot_grid(record, out):
 
 def main(argv=None):
     args = parse_args(argv)
-    with records.one_line_stops('research/grid.py', argv), sigterm_as_ctrl_c():
+    # in a Slurm job the grid's own command (or Slurm's requeue) continues, not the job's
+    again = "the grid's --cluster slurm command, which submits it again" if IN_SLURM_JOB else None
+    with records.one_line_stops('research/grid.py', argv, again), sigterm_as_ctrl_c():
         distributed.one_process('grid.py')
         checks.check_reports(args, 'plot')
-        device = args.device = devices.pick_device(args.device)
-        # recorded as what they are here, not as 'auto'
-        args.precision = devices.training_precision(args.precision, device)
+        if args.cluster == 'slurm':
+            import slurm_grid
+
+            slurm_grid.check_args(args)  # and --device and --precision as the jobs have them
+        else:
+            device = args.device = devices.pick_device(args.device)
+            # recorded as what they are here, not as 'auto'
+            args.precision = devices.training_precision(args.precision, device)
         if args.pretrain and args.share > 1 and args.precision != 'fp32':
             raise files.UserError(
                 f"--share {args.share}: " + shared_runs.PRECISION_REFUSED.format(args.precision)
             )
-        record = (
-            run_all(args)
-            if args.pretrained or args.pretrain
-            else records.read_record(os.path.join(args.outdir, 'grid.json'))
-        )
+        if not (args.pretrained or args.pretrain):
+            record = records.read_record(os.path.join(args.outdir, 'grid.json'))
+        elif args.cluster == 'slurm':
+            record = slurm_grid.run_all(args)
+        else:
+            record = run_all(args)
         if not finished(record):
             raise files.UserError(
                 f"{args.outdir}: no finished runs yet (give --pretrained or --pretrain)"
             )
-        report = table(record)
-        files.atomic_write(os.path.join(args.outdir, 'grid.md'), lambda f: f.write(report.encode()))
-        rows = rows_csv(record)
-        files.atomic_write(os.path.join(args.outdir, 'grid.csv'), lambda f: f.write(rows.encode()))
-        if args.plot:
-            plot_grid(record, args.plot)
+        report = write_tables(args, record)
     print()
     print(report)
+
+
+def write_tables(args, record):
+    """grid.md, grid.csv (and --plot's picture) of the finished runs; returns grid.md."""
+    report = table(record)
+    files.atomic_write(os.path.join(args.outdir, 'grid.md'), lambda f: f.write(report.encode()))
+    rows = rows_csv(record)
+    files.atomic_write(os.path.join(args.outdir, 'grid.csv'), lambda f: f.write(rows.encode()))
+    if args.plot:
+        plot_grid(record, args.plot)
+    return report
 
 
 if __name__ == '__main__':

@@ -25,6 +25,7 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 import run  # noqa: E402
+from slurm_cluster import slurm  # noqa: E402,F401 (the one-node Slurm's fixture)
 
 DATA_FILES = ['wiki.txt', 'birth_places_train.tsv', 'birth_dev.tsv', 'birth_test_inputs.tsv']
 SHARED_DATA = ROOT.parent / 'shared' / 'data'

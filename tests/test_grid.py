@@ -415,6 +415,19 @@ def test_a_pretraining_that_ended_while_another_was_finetuned_is_recorded_at_a_s
     assert 'pretrain_seconds' in second
 
 
+def test_the_next_pretraining_starts_before_the_last_ones_finetunings(tmp_path, monkeypatch):
+    """--jobs 1: a pretraining's params are handed on for finetuning with the next
+    pretraining already started, so that it runs while they are finetuned."""
+    started = fake_pretrainings(monkeypatch)
+    args = grid.parse_args(['--pretrain', 'vanilla', '--pretrain_seeds', '0', '1', '--outdir',
+                            str(tmp_path), '--device', 'cpu'])  # fmt: skip
+    written = grid.pretrain_all(args, grid.pretraining_runs(args), {}, lambda: None)
+    assert next(written) == str(tmp_path / 'vanilla.s0.pretrain.params')
+    assert len(started) == 2 and started[1].returncode is None
+    assert next(written) == str(tmp_path / 'vanilla.s1.pretrain.params')
+    assert next(written, None) is None
+
+
 def test_jobs_get_a_gpu_each_on_several(tmp_path, monkeypatch):
     """--jobs on a host with two GPUs (simulated): each process its own GPU, a freed one
     given to the next, more jobs than GPUs in turn; one GPU, or none, changes nothing; a

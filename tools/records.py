@@ -3,6 +3,8 @@ command run in this process; a JSON record beside the outputs keeps what each ou
 was made with (its settings, the md5 of the params it was made from, the code's commit),
 so that the same command run again skips what exists and refuses, before any work, an
 output made with other settings; and whatever stops the command ends it with one line.
+A record that several processes write at once (grid.py's cluster jobs, or two commands
+on one folder) is a SharedRecord: each saves its own entries under the file's lock.
 """
 
 import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
@@ -14,6 +16,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 
 import run
 from machinery import files, metrics, resume
@@ -40,6 +43,79 @@ def read_record(path):
 
 def write_record(path, record):
     files.atomic_write(path, lambda f: f.write(json.dumps(record, indent=1).encode('utf-8')))
+
+
+class SharedRecord(dict):
+    """A JSON record (read_record's dict) that several processes write at once: grid.py's
+    Slurm jobs, or two grid.py commands on one --outdir. Each process saves the entries it
+    set (record[key] = ..., or entry(key) for one it goes on with) on top of what the file
+    holds then, under the file's lock, and sees the others' entries as they were saved.
+    Nothing one process saved is lost to another's save."""
+
+    def __init__(self, path):
+        super().__init__(read_record(path))
+        self.path = path
+        self.mine = set()
+
+    def __setitem__(self, key, value):
+        self.mine.add(key)
+        super().__setitem__(key, value)
+
+    def entry(self, key):
+        """The entry of `key`, which this process goes on to write."""
+        self.mine.add(key)
+        return self[key]
+
+    def save(self):
+        with locked(self.path):
+            saved = read_record(self.path)
+            saved.update({key: self[key] for key in self.mine})
+            write_record(self.path, saved)
+        super().clear()
+        super().update(saved)  # this process's entries are the same objects as before
+
+    def reread(self):
+        """The file's entries as now saved, with this process's own."""
+        with locked(self.path):
+            saved = read_record(self.path)
+        saved.update({key: self[key] for key in self.mine})
+        super().clear()
+        super().update(saved)
+
+
+@contextlib.contextmanager
+def locked(path):
+    """`path` held for this process alone: an exclusive lock on PATH.lock beside it, which
+    the system releases whatever ends the process. On a cluster's shared filesystem the
+    lock is NFS's (and Lustre's mounted with flock); a filesystem without locks is one
+    UserError line."""
+    lock = path + '.lock'
+    with open(lock, 'a+b') as f:
+        try:
+            if os.name == 'nt':
+                import msvcrt
+
+                while True:  # LK_LOCK itself gives up after ten seconds
+                    try:
+                        msvcrt.locking(f.fileno(), msvcrt.LK_LOCK, 1)
+                        break
+                    except PermissionError:
+                        time.sleep(0.1)
+            else:
+                import fcntl
+
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        except OSError as e:
+            raise files.UserError(
+                f"{lock}: cannot be locked ({e.strerror}): several processes write {path}, "
+                f"so its folder must be on a filesystem with locks"
+            ) from None
+        try:
+            yield
+        finally:
+            if os.name == 'nt':
+                f.seek(0)
+                msvcrt.locking(f.fileno(), msvcrt.LK_UNLCK, 1)
 
 
 def check_made_with(planned, record):
@@ -105,10 +181,10 @@ def commit():
 
 
 @contextlib.contextmanager
-def one_line_stops(script, argv):
+def one_line_stops(script, argv, again=None):
     """What stops a command of many phases ends it with one line: a user's error as every
     script ends it (files.report, exit 2), a non-finite loss with 'error: ...' (exit 1),
-    an interruption with the command that continues it (exit 130)."""
+    an interruption with the command that continues it (exit 130), or `again`."""
     try:
         yield
     except files.UserError as e:
@@ -116,6 +192,7 @@ def one_line_stops(script, argv):
     except metrics.NonFiniteLoss as e:
         sys.exit(f"error: {e}")
     except (resume.TrainingInterrupted, KeyboardInterrupt) as e:
-        again = shlex.join(['python', script] + (sys.argv[1:] if argv is None else argv))
+        if again is None:
+            again = shlex.join(['python', script] + (sys.argv[1:] if argv is None else argv))
         print(f"\n{str(e) or 'interrupted'}. To continue: {again}", file=sys.stderr)
         sys.exit(130)

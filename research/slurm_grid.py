@@ -20,8 +20,11 @@ what is missing or failed, and says which jobs still run.
 
 import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
 
+import contextlib
 import getpass
+import io
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -181,7 +184,8 @@ def submit(args, folder, argvs):
         'mem': f"{args.slurm_mem_gb}GB",
         # the jobs import research/ (run_group is pickled by its module's name)
         'setup': [
-            f"export PYTHONPATH={import_paths.ROOT}/research${{PYTHONPATH:+:$PYTHONPATH}}",
+            f"export PYTHONPATH={shlex.quote(os.path.join(import_paths.ROOT, 'research'))}"
+            "${PYTHONPATH:+:$PYTHONPATH}",
             *args.slurm_setup,
         ],  # fmt: skip
         'additional_parameters': {'requeue': True},
@@ -193,9 +197,10 @@ def submit(args, folder, argvs):
     if args.slurm_at_once:
         parameters['array_parallelism'] = args.slurm_at_once
     executor.update_parameters(**parameters)
-    try:
-        jobs = executor.map_array(run_group, argvs)
-    except Exception as e:  # submitit's error carries sbatch's own message
+    try:  # submitit prints a refusal's lines, and its error carries them: one line is ours
+        with contextlib.redirect_stderr(io.StringIO()):
+            jobs = executor.map_array(run_group, argvs)
+    except Exception as e:
         detail = str(e).strip().splitlines()
         raise files.UserError(f"sbatch refused the jobs: {detail[-1] if detail else e}") from None
     return [job.job_id for job in jobs]

@@ -128,8 +128,18 @@ def test_a_cancelled_job_is_reported_and_submitted_again_alone(tiny, slurm):
     process = on_slurm(tiny, argv, held=('vanilla.s1',))
     job = job_of(tiny, 'g', 'vanilla.s1', process)
     wait_for(tiny / 'g' / 'held-vanilla.s1.0', process, seconds=300)
+    # the same command meanwhile: it says which job still runs, submits nothing, follows it
+    meanwhile = on_slurm(tiny, argv)
+    said = []
+    while not said or not said[-1].startswith('== following'):
+        said.append(meanwhile.stdout.readline())
+        assert said[-1], meanwhile.communicate()
+    assert f'== vanilla.s1: still in Slurm as job {job} (RUNNING)\n' in said
+    assert json.loads((tiny / 'g' / 'slurm' / 'jobs.json').read_text())['vanilla.s1'] == job
     subprocess.run(['scancel', job], check=True)
     out, err = process.communicate(timeout=600)
+    meanwhile.communicate(timeout=600)
+    assert meanwhile.returncode == 2
     assert process.returncode == 2, out + err
     assert '== vanilla.s0: done (Slurm job ' in out
     assert (
@@ -153,6 +163,17 @@ def test_a_cancelled_job_is_reported_and_submitted_again_alone(tiny, slurm):
     assert 'resuming from g/vanilla.s1.pretrain.params.resume' in pretrain_log
     record = json.loads((tiny / 'g' / 'grid.json').read_text())
     assert record['vanilla.s1 full s0']['dev_total'] == 4
+
+
+@pytest.mark.slow
+def test_jobs_that_sbatch_refuses_are_one_line(tiny, slurm, monkeypatch, capsys):
+    monkeypatch.chdir(tiny)
+    with pytest.raises(SystemExit) as stopped:
+        grid.main([*GRID, '--outdir', 'g', *ON_SLURM, '--slurm_partition', 'nowhere'])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith('error: sbatch refused the jobs: ') and 'partition' in err.lower(), err
+    assert err.count('\n') == 1 and not (tiny / 'g' / 'slurm' / 'jobs.json').exists()
 
 
 # --- Many writers, and no cluster needed --------------------------------------------------

@@ -543,9 +543,13 @@ def test_collect_submission_without_zip_gives_the_python_command(tmp_path):
 
 
 def test_environment_yml_agrees_with_requirements():
-    requirements = (ROOT / 'requirements.txt').read_text().split()
-    pip_section = (ROOT / 'environment.yml').read_text().split('- pip:')[1]
+    lines = (ROOT / 'requirements.txt').read_text().splitlines()
+    requirements = [line for line in lines if line and not line.startswith('#')]
+    environment = (ROOT / 'environment.yml').read_text()
+    pip_section = environment.split('- pip:')[1]
     assert re.findall(r'^\s+- (\S+)$', pip_section, re.M) == requirements
+    optional = 'optional: submitit, for research/grid.py --cluster slurm'  # named, not installed
+    assert f'# {optional} (pip install submitit)' in lines and f'# {optional}\n' in pip_section
     assert 'torch>=2.8,<2.16' in requirements  # a range: pip keeps a torch already in it
     assert (ROOT / '.ci' / 'constraints.txt').read_text().split() == ['torch==2.13.0']
 

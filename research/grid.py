@@ -137,17 +137,19 @@ def parse_args(argv):
         '--cluster', choices=['local', 'slurm'], default='local',
         help="local: here (default); slurm: Slurm jobs, followed until they end",
     )  # fmt: skip
-    cluster.add_argument('--slurm_partition', help="default: the cluster's")
-    cluster.add_argument('--slurm_gpus', type=non_negative, default=1, help="per job (default 1)")
-    cluster.add_argument('--slurm_cpus', type=run.positive(int), default=4,
+    cluster.add_argument('--slurm_partition', metavar='NAME', help="default: the cluster's")
+    cluster.add_argument(
+        '--slurm_gpus', type=non_negative, default=1, metavar='N', help="per job (default 1)"
+    )
+    cluster.add_argument('--slurm_cpus', type=run.positive(int), default=4, metavar='N',
                          help="per job (default 4)")  # fmt: skip
-    cluster.add_argument('--slurm_mem_gb', type=run.positive(int), default=16,
+    cluster.add_argument('--slurm_mem_gb', type=run.positive(int), default=16, metavar='GB',
                          help="memory per job (default 16)")  # fmt: skip
     cluster.add_argument(
-        '--slurm_minutes', type=run.positive(int), default=60,
+        '--slurm_minutes', type=run.positive(int), default=60, metavar='M',
         help="time limit per job (default 60); a job near it saves its state and is requeued",
     )  # fmt: skip
-    cluster.add_argument('--slurm_at_once', type=run.positive(int),
+    cluster.add_argument('--slurm_at_once', type=run.positive(int), metavar='N',
                          help="jobs running at once (default: as Slurm allows)")  # fmt: skip
     cluster.add_argument(
         '--slurm_setup', action='append', default=[], metavar='LINE',

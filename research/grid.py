@@ -225,7 +225,15 @@ def run_all(args):
     os.makedirs(args.outdir, exist_ok=True)
     record = records.SharedRecord(os.path.join(args.outdir, 'grid.json'))
     save = record.save
-    to_make = to_pretrain(args, record)
+    pretrainings = pretraining_runs(args)
+    records.check_made_with([(key, out, made) for key, out, made, _ in pretrainings], record)
+    to_make = []  # the pretrainings not skipped as done elsewhere (checked before any work)
+    for key, out, made_with, argv in pretrainings:
+        if not os.path.exists(out) and done_elsewhere(args, key, out, made_with, record):
+            print(f"== {key}: its finetunings and evaluations are done (grid.json; its "
+                  f"params stayed where it was made), skipped")  # fmt: skip
+        else:
+            to_make.append((key, out, made_with, argv))
     runs = planned_runs(args)
     records.check_made_with([(key, out + '.params', made) for key, out, made, _ in runs], record)
     finetune_all(args, runs, record, save)
@@ -235,21 +243,6 @@ def run_all(args):
             records.check_made_with([(k, out + '.params', m) for k, out, m, _ in runs], record)
             finetune_all(args, runs, record, save)
     return record
-
-
-def to_pretrain(args, record):
-    """The --pretrain runs not done elsewhere, after checking, before any work, that none
-    was made with other settings."""
-    pretrainings = pretraining_runs(args)
-    records.check_made_with([(key, out, made) for key, out, made, _ in pretrainings], record)
-    to_make = []
-    for key, out, made_with, argv in pretrainings:
-        if not os.path.exists(out) and done_elsewhere(args, key, out, made_with, record):
-            print(f"== {key}: its finetunings and evaluations are done (grid.json; its "
-                  f"params stayed where it was made), skipped")  # fmt: skip
-        else:
-            to_make.append((key, out, made_with, argv))
-    return to_make
 
 
 def finetune_all(args, runs, record, save):

@@ -64,9 +64,9 @@ def check_args(args):
 
 
 def job_groups(args, record):
-    """[(name, grid.py argv of its job, whether its runs are all done)]: a job per pretraining
-    group (grid.group_runs), then one per --pretrained file. Outputs made with other
-    settings are refused here, before any job is submitted."""
+    """[(name, grid.py argv of its job, done(record): whether its runs are all done)]: a job
+    per pretraining group (grid.group_runs), then one per --pretrained file. Outputs made
+    with other settings are refused here, before any job is submitted."""
     pretrainings = grid.pretraining_runs(args)
     records.check_made_with([(key, out, made) for key, out, made, _ in pretrainings], record)
     made_with = {key: made for key, _, made, _ in pretrainings}
@@ -75,14 +75,16 @@ def job_groups(args, record):
         variant = group[0][2][1]
         seeds = [argv[argv.index('--seed') + 1] for _, _, argv in group]
         argv = ['--pretrain', variant, '--pretrain_seeds', *seeds, *common_argv(args)]
-        done = all(grid.done_elsewhere(args, k, out, made_with[k], record) for k, out, _ in group)
+        done = lambda record, group=group: all(
+            grid.done_elsewhere(args, k, out, made_with[k], record) for k, out, _ in group
+        )
         jobs.append((f"{variant}.s{'+'.join(seeds)}", argv, done))
     runs = grid.planned_runs(args)
     records.check_made_with([(key, out + '.params', made) for key, out, made, _ in runs], record)
     for path in args.pretrained:
         model = grid.model_of(path)
-        jobs.append((model[1], ['--pretrained', path, *common_argv(args)],
-                     grid.runs_done(args, model, record)))  # fmt: skip
+        done = lambda record, model=model: grid.runs_done(args, model, record)
+        jobs.append((model[1], ['--pretrained', path, *common_argv(args)], done))
     return jobs
 
 
@@ -106,12 +108,12 @@ def run_all(args):
     folder = os.path.join(args.outdir, 'slurm')
     record = records.SharedRecord(os.path.join(args.outdir, 'grid.json'))
     groups = job_groups(args, record)
-    submitted = read_jobs(folder)
+    submitted = records.SharedRecord(os.path.join(folder, 'jobs.json'))  # {name: job id}
     queued = queued_jobs()
     to_submit, following = [], {}
     for name, argv, done in groups:
         job = submitted.get(name)
-        if done:
+        if done(record):
             print(f"== {name}: done, skipped")
         elif job in queued:
             print(f"== {name}: still in Slurm as job {job} ({queued[job]})")
@@ -129,8 +131,8 @@ def run_all(args):
         for (name, _), job in zip(to_submit, jobs):
             print(f"== {name}: Slurm job {job}")
             following[name] = submitted[name] = job
-        write_jobs(folder, submitted)
-    failed = follow(args, folder, record, following)
+        submitted.save()
+    failed = follow(folder, record, following, {name: done for name, _, done in groups})
     if failed:
         if grid.finished(record):
             grid.write_tables(args, record)
@@ -142,9 +144,10 @@ def run_all(args):
     return record
 
 
-def follow(args, folder, record, following):
-    """Waits until the jobs {name: job id} have left Slurm's queue, saying how each ended;
-    returns the names of those that ended without their results."""
+def follow(folder, record, following, done):
+    """Waits until the jobs {name: job id} have left Slurm's queue, saying how each ended
+    (done: {name: done(record)}); returns the names of those that ended without their
+    results."""
     waiting, failed = dict(following), []
     if waiting:
         print(f"== following {len(waiting)} Slurm job{'s' if len(waiting) > 1 else ''}: "
@@ -156,10 +159,9 @@ def follow(args, folder, record, following):
             ended = [name for name, job in waiting.items() if job not in queued]
             if ended:
                 record.reread()
-                done = {name: done for name, _, done in job_groups(args, record)}
             for name in ended:
                 job = waiting.pop(name)
-                if done[name]:
+                if done[name](record):
                     print(f"== {name}: done (Slurm job {job})", flush=True)
                 else:
                     print(f"== {name}: Slurm job {job} ended without its results: "
@@ -214,20 +216,6 @@ def queued_jobs():
     if result.returncode != 0:
         raise files.UserError(f"squeue: {result.stderr.strip() or result.returncode}")
     return dict(line.split('|', 1) for line in result.stdout.split())
-
-
-def jobs_file(folder):
-    return os.path.join(folder, 'jobs.json')
-
-
-def read_jobs(folder):
-    """{group name: its last Slurm job id}."""
-    return records.read_record(jobs_file(folder))
-
-
-def write_jobs(folder, jobs):
-    with records.locked(jobs_file(folder)):
-        records.write_record(jobs_file(folder), {**read_jobs(folder), **jobs})
 
 
 def last_words(folder, job):

@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+import slurm_grid
+
 DAEMONS = ('munged', 'slurmctld', 'slurmd')
 
 
@@ -136,17 +138,10 @@ def stop(pid_file):
     os.kill(pid, 9)
 
 
-def queued(job):
-    """The job's state in Slurm's queue, or None once it has left it."""
-    out = subprocess.run(['squeue', '--noheader', '--array', '--jobs', job, '--format', '%T'],
-                         capture_output=True, text=True).stdout.split()  # fmt: skip
-    return out[0] if out else None
-
-
 def start_now(job, seconds=180):
     """A requeued job started at once: Slurm holds a requeued job back two minutes."""
     deadline = time.time() + seconds
-    while queued(job) != 'PENDING':
+    while slurm_grid.queued_jobs().get(job) != 'PENDING':
         assert time.time() < deadline, f"job {job} never came back to the queue"
         time.sleep(0.2)
     subprocess.run(['scontrol', 'update', f'jobid={job}', 'StartTime=now'], check=True)

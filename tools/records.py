@@ -68,16 +68,13 @@ class SharedRecord(dict):
 
     def save(self):
         with locked(self.path):
-            saved = read_record(self.path)
-            saved.update({key: self[key] for key in self.mine})
-            write_record(self.path, saved)
-        super().clear()
-        super().update(saved)  # this process's entries are the same objects as before
+            self.reread()
+            write_record(self.path, self)
 
     def reread(self):
-        """The file's entries as now saved, with this process's own."""
-        with locked(self.path):
-            saved = read_record(self.path)
+        """The file's entries as now saved (each file written whole: write_record), with
+        this process's own over them, the same objects as before."""
+        saved = read_record(self.path)
         saved.update({key: self[key] for key in self.mine})
         super().clear()
         super().update(saved)

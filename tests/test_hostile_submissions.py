@@ -121,7 +121,15 @@ ATTACKS = {
                 return f.read(50_000_000)
         except OSError:
             return b''
-    for top in [ROOT, '/tmp']:
+    # ROOT, and what this grading made in /tmp: a Gradescope container's /tmp holds nothing
+    # else, and a test machine's holds other runs' files, which would spend the probe's 60 s
+    since = os.stat(os.path.join(ROOT, 'submission')).st_mtime - 60
+    tops = [ROOT] + [e.path for e in os.scandir('/tmp')
+                     if e.stat(follow_symlinks=False).st_mtime >= since]
+    for top in tops:
+        report(f'read {top}')
+        if os.path.isfile(top):
+            look(top, read(top))
         for folder, _, files in os.walk(top):
             for name in files:
                 if not os.path.join(folder, name).startswith(DROP):  # its own reports
@@ -414,11 +422,12 @@ def test_an_attack_leaves_the_grading_as_it_would_be(attack, graded, bundle):
     assert len(names) == len(set(names)) > 20, results
     assert results['score'] == sum(t['score'] for t in results['tests'])
     lost = {t['name'] for t in results['tests'] if t['score'] < t['max_score']}
-    answered = {t['name'] for t in results['tests'] if t['visibility'] == 'after_published'}
     if attack in LOSES:
         assert lost and all(LOSES[attack] in name for name in lost), lost
     elif attack not in MAY_LOSE:
-        assert not lost - answered and not lost, lost
+        assert not lost, {t['name']: t.get('output') for t in results['tests'] if t['name'] in lost}
+    if attack == 'read_answers':  # it looked where the grader works
+        assert any(line.startswith('read /tmp/grading-') for line in lines), lines
 
     # nothing reached, wrote or survived
     assert not [line for line in lines if line.startswith(('rewrote', 'wrote', 'killed'))]

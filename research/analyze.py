@@ -49,7 +49,7 @@ from torch.nn import functional as F
 import dataset
 import plot
 import run
-from machinery import checks, decoding, devices, files, params_files
+from machinery import checks, decoding, devices, files, params_files, run_cards
 
 CATEGORIES = ['correct', 'own document', 'prior', 'made up']
 PRIOR_PLACES = 10  # the most frequent finetuning places that count as the prior
@@ -107,24 +107,46 @@ def report_predictions(report, path, questions, questions_path):
 
 
 def document_lines(lines, people):
-    """The index in lines of each person's document, or None: the first line that begins
-    with their whole name and is no earlier person's. people come in the order the corpus
-    holds their documents (wiki.txt: the finetuning file's, then dev's, then test's), so
-    two people of one name get a document each, and "George Bruce" is not given "George
-    Bruce Malleson"'s when Malleson comes first."""
+    """The index in lines of each (name, place) person's document, or None: a line that
+    begins with their whole name (and not with a longer name of the people's, as "George
+    Bruce Malleson"'s is not George Bruce's), preferring one that holds their place (a
+    place of None: any). The corpus may hold the documents in any order: each person
+    with a place is matched first by how few lines could be theirs, so two people of one
+    name, whose documents name their places, each get their own. Only people whose lines
+    cannot be told apart (wiki.txt repeats a few documents word for word) are matched in
+    the order given: the first one asked gets the first line."""
     starts = lambda line, p: line.startswith(p) and not line[len(p) : len(p) + 1].isalnum()
-    taken, found = set(), []
-    for person in people:
-        free = (i for i, line in enumerate(lines) if i not in taken)
-        i = next((i for i in free if starts(lines[i], person)), None)
-        taken.add(i)
-        found.append(i)
+    first_word = lambda text: re.match(r'\w*', text).group()
+    by_first_word = {}
+    for i, line in enumerate(lines):
+        by_first_word.setdefault(first_word(line), []).append(i)
+    names = {name for name, _ in people}
+    choices = []
+    for name, place in people:
+        longer = [q for q in names if len(q) > len(name) and q.startswith(name)]
+        lines_of = [
+            i
+            for i in by_first_word.get(first_word(name), [])
+            if starts(lines[i], name) and not any(starts(lines[i], q) for q in longer)
+        ]
+        holding = [i for i in lines_of if place is not None and occurs(lines[i], place)]
+        choices.append((holding, lines_of))
+    fewest_first = sorted(
+        range(len(people)),
+        key=lambda k: (len(choices[k][0]) or math.inf, len(choices[k][1]), k),
+    )
+    taken, found = set(), [None] * len(people)
+    for k in fewest_first:
+        holding, lines_of = choices[k]
+        found[k] = next((i for i in holding + lines_of if i not in taken), None)
+        taken.add(found[k])
     return found
 
 
 def documents(corpus, people, before=()):
-    """Each person's document (document_lines), or '': `before` are the people whose
-    documents come before theirs (dev's: the finetuning file's)."""
+    """Each (name, place) person's document (document_lines), or '': `before` are the
+    other people the corpus holds documents of (dev's: the finetuning file's), matched
+    first."""
     lines = corpus.split('\n')
     found = document_lines(lines, [*before, *people])[len(before) :]
     return ['' if i is None else lines[i] for i in found]
@@ -138,11 +160,11 @@ def same_file(a, b):
 
 
 def people_before(paths, finetune_path):
-    """The finetuning file's people, whose documents come before those of the question files
-    at paths (wiki.txt's order), or none when it is one of them."""
+    """The finetuning file's people, (name, place), matched to their documents before
+    those of the question files at paths (document_lines), or none when it is one of them."""
     if any(same_file(path, finetune_path) for path in paths):
         return []
-    return [person for _, person, _ in read_questions(finetune_path)]
+    return [(person, place) for _, person, place in read_questions(finetune_path)]
 
 
 def top_places(finetune_rows, n=PRIOR_PLACES):
@@ -185,7 +207,7 @@ def categorize(rows, predictions, corpus, prior, before=()):
     """One record per question: its category, whether the gold place occurs in the
     person's document, and how often the person's name occurs in the corpus (before: as
     documents takes it)."""
-    docs = documents(corpus, [person for _, person, _ in rows], before)
+    docs = documents(corpus, [(person, place) for _, person, place in rows], before)
     records = []
     for (_, person, place), prediction, doc in zip(rows, predictions, docs):
         records.append({
@@ -375,6 +397,7 @@ def median(values):
 def analyze(args):
     """The report on args.predictions, as a dict that json.dump writes as it is."""
     rows = read_questions(args.eval_corpus_path)
+    seen = read_exposure(args.exposure, args.params) if args.exposure else None  # checked first
     earlier = read_report(args.predictions) if args.predictions.endswith('.json') else None
     if earlier and args.params:
         raise files.UserError(
@@ -429,8 +452,7 @@ def analyze(args):
         report['accuracy at coverage'] = coverage_accuracy(scores, labels)
         report['median confidence'] = median(scores)
     report['by answer count'] = breakdown(records, lambda r: answer_count_bin(r['answer count']))
-    if args.exposure:
-        seen = read_exposure(args.exposure)
+    if seen is not None:
         for record in records:
             record['fraction seen'] = seen.get((record['person'], record['place']))
         report['by exposure'] = breakdown(records, lambda r: exposure_bin(r['fraction seen']))
@@ -438,14 +460,20 @@ def analyze(args):
     return report
 
 
-def read_exposure(path):
+def read_exposure(path, params=None):
     """{(person, place): the share of epochs that showed the place} of exposure.py's --json
-    (by person and place: a name can be two people's)."""
+    (by person and place: a name can be two people's). With `params`, the report must be of
+    the pretraining they come from, where their card says which (run_cards.py)."""
     try:
-        report = json.loads(files.read_text(path))
-        return {(r['name'], r['place']): r['fraction_seen'] for r in report}
+        made = json.loads(files.read_text(path))
+        if isinstance(made, list):  # written before reports named their run
+            made = {'made_from': None, 'people': made}
+        seen = {(r['name'], r['place']): r['fraction_seen'] for r in made['people']}
     except (ValueError, TypeError, KeyError):
         raise files.UserError(f"--exposure {path}: not the --json of exposure.py")
+    if params is not None:
+        run_cards.check_same_examples(made['made_from'], f"--exposure {path}", params, 'params')
+    return seen
 
 
 def add_model_arguments(argp):
@@ -469,6 +497,21 @@ def load_model(args, corpus):
         args.params, gpt, args.pretrain_corpus_path, run.model_name(variant), '--params'
     )
     return gpt.to(devices.pick_device(args.device)), pretrain_dataset
+
+
+def untrained_model(args, pretrain_dataset):
+    """A probe's floor: a model of args.params' variant (and bottleneck) as run.py
+    initialises it before training, with the --seed of the pretraining the params come
+    from (their card's; 0, run.py's default, without one), in fp32 on the same device.
+    Returns (the model, its seed)."""
+    variant, bottleneck_dim = params_files.variant_and_bottleneck(
+        args.params, args.variant, args.bottleneck_dim, '--params'
+    )
+    seed = (run_cards.pretraining(args.params) or {}).get('seed', 0)
+    with torch.random.fork_rng(devices=[]):  # the initialisation draws from torch's only
+        torch.manual_seed(seed)
+        gpt = run.new_model(variant, pretrain_dataset.vocab_size, bottleneck_dim)
+    return gpt.to(devices.pick_device(args.device)), seed
 
 
 def percent(correct, total):

@@ -20,6 +20,10 @@ with --exposure). With --finetuned, the finetuned model's dev predictions (what 
 evaluate writes, or analyze.py's --params ... --json report): how often that model is right in
 each band, and the AUROC with which the document probe's probability tells its right
 answers from its wrong ones.
+
+Every figure has its floor beside it: the same probes of an untrained model of the same
+variant, initialised with the --seed of the params' pretraining (their card's; 0 without
+one), and its probability's AUROC for the same finetuned answers.
 """
 
 import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
@@ -66,7 +70,7 @@ def probe(gpt, pretrain_dataset, rows, corpus, before=()):
     mask = pretrain_dataset.MASK_CHAR
     steps = max(len(place) for _, _, place in rows) + 1  # the place and the character after it
     room = gpt.get_block_size() - 1 - steps  # the synthesizer has block_size - 1 positions
-    docs = analyze.documents(corpus, [person for _, person, _ in rows], before)
+    docs = analyze.documents(corpus, [(person, place) for _, person, place in rows], before)
     spans = [analyze.place_span(doc, place) for doc, (_, _, place) in zip(docs, rows)]
     prompts = {
         # a place at the document's start leaves nothing to continue
@@ -164,7 +168,7 @@ def main(argv=None):
         rows = analyze.read_questions(args.eval_corpus_path)
         before = analyze.people_before([args.eval_corpus_path], args.finetune_corpus_path)
         corpus = files.read_text(args.pretrain_corpus_path)
-        seen = analyze.read_exposure(args.exposure) if args.exposure else {}
+        seen = analyze.read_exposure(args.exposure, args.params) if args.exposure else {}
         finetuned = None
         if args.finetuned:
             answers = analyze.read_predictions(args.finetuned, rows, args.eval_corpus_path)
@@ -173,15 +177,22 @@ def main(argv=None):
     except files.UserError as e:
         sys.exit(files.report(e))
     records = probe(gpt, pretrain_dataset, rows, corpus, before)
-    for i, record in enumerate(records):
-        record['fraction seen'] = seen.get((record['person'], record['place']))
-        if finetuned:
-            record['finetuned right'] = finetuned[i]
-    split = bands(records)
+    untrained, seed = analyze.untrained_model(args, pretrain_dataset)
+    floor = probe(untrained, pretrain_dataset, rows, corpus, before)
+    for i, (record, unlearned) in enumerate(zip(records, floor)):
+        for r in (record, unlearned):
+            r['fraction seen'] = seen.get((r['person'], r['place']))
+            if finetuned:
+                r['finetuned right'] = finetuned[i]
+    split, floor_split = bands(records), bands(floor)
     print(f"{args.params}: {len(records)} people of {args.eval_corpus_path}")
     print_bands(split)
+    print(f"the floor: an untrained model of the same variant (initialised with --seed {seed}):")
+    print_bands(floor_split)
     if args.json:
-        text = json.dumps({'params': args.params, 'bands': split, 'records': records}, indent=1)
+        made = {'params': args.params, 'bands': split, 'records': records,
+                'untrained': {'seed': seed, 'bands': floor_split}}  # fmt: skip
+        text = json.dumps(made, indent=1)
         files.atomic_write(args.json, lambda f: f.write(text.encode('utf-8')))
 
 

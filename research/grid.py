@@ -112,7 +112,9 @@ def parse_args(argv):
         '--pretrain_seeds', nargs='+', type=int, default=[0], help="pretraining seeds"
     )
     argp.add_argument(
-        '--pretrain_max_epochs', type=run.positive(int), help="cap pretraining at this"
+        '--pretrain_max_epochs',
+        type=run.positive(int),
+        help="each pretraining's epochs (run.py's --max_epochs; default: the handout's)",
     )
     argp.add_argument(
         '--jobs', type=run.positive(int), default=1,
@@ -663,11 +665,13 @@ def plot_grid(record, out):
         if entries:
             by_recipe.setdefault(recipe_of(model), {}).setdefault(method, []).extend(entries)
     fig, ax = plt.subplots(figsize=(6.5, 4))
+    kinds_run = set()  # the legend names the kinds of method that were run, no others
     for i, (recipe, methods) in enumerate(by_recipe.items()):
         color = f'C{i}'
         on_line = []
         for method, entries in methods.items():
             kind = method.split(':')[0]
+            kinds_run.add(kind)
             accuracies = [accuracy(e) for e in entries]
             ax.scatter([e['trainable'] for e in entries], accuracies, s=14, alpha=0.6,
                        color=color, marker=markers.get(kind, 'x'))  # fmt: skip
@@ -677,7 +681,8 @@ def plot_grid(record, out):
         xs, ys = zip(*on_line) if on_line else ((), ())
         ax.plot(xs, ys, color=color, label=recipe)
     for kind, marker in markers.items():
-        ax.scatter([], [], color='gray', marker=marker, label=kind)
+        if kind in kinds_run:
+            ax.scatter([], [], color='gray', marker=marker, label=kind)
     ax.set_xscale('log')
     ax.set_xlabel('trainable parameters (log scale)')
     ax.set_ylabel('dev accuracy (%)')

@@ -16,6 +16,15 @@ trained on the finetuning file's people and tested on the dev people, for two qu
 Each probe's test AUROC stands beside that of the model's own confidence in its answer
 (analyze.py's: the probability of the answer and its closing MASK) for the same split:
 a probe above the confidence means the model holds, inside, what its answer does not show.
+
+Beside each figure stand its floor and its control. The floor: the same measurement on an
+untrained model of the same variant, initialised with the --seed of the params'
+pretraining (their card's; 0 without one): an untrained model's random weights still mix
+the name's characters, so a probe finds what the names look like in any model (0.60-0.65
+on wiki.txt's splits from the first block on). The control: each probe trained on the same
+states with the training labels shuffled, the mean test AUROC of SHUFFLES shuffles
+(random.Random(--seed)): about 0.5, the probe's chance, where the labels and not the
+states' accidents are what it learns.
 """
 
 import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
@@ -24,6 +33,8 @@ import machinery.cpu_libraries  # noqa: F401 (first: it sets up MKL and oneDNN b
 
 import argparse
 import json
+import random
+import statistics
 import sys
 
 import torch
@@ -33,6 +44,7 @@ import run
 from machinery import checks, decoding, files
 
 INVENTED = 600  # invented people: half to train the probe, half to test it
+SHUFFLES = 5  # the control's probes, each on another shuffle of the labels: their mean AUROC
 
 
 def layers(gpt):
@@ -127,7 +139,7 @@ def main(argv=None):
         checks.check_reports(args, 'json')
         train = analyze.read_questions(args.finetune_corpus_path)
         dev = analyze.read_questions(args.eval_corpus_path)
-        seen = analyze.read_exposure(args.exposure)
+        seen = analyze.read_exposure(args.exposure, args.params)
         missing = [p for _, p, place in train + dev if (p, place) not in seen]
         if missing:
             raise files.UserError(f"--exposure {args.exposure}: has no entry for {missing[0]}")
@@ -148,40 +160,68 @@ def main(argv=None):
         'train': [q for q, _, _ in train] + [f"Where was {n} born?" for n in invented[:half]],
         'dev': [q for q, _, _ in dev] + [f"Where was {n} born?" for n in invented[half:]],
     }
-    states, confidence = {}, {}
-    for split, asked in questions.items():
-        states[split] = hidden_states(gpt, asked, pretrain_dataset)
-        answers = decoding.answer_questions(gpt, asked, pretrain_dataset, run.ANSWER_LENGTH, split)
-        confidence[split] = analyze.confidences(gpt, asked, answers, pretrain_dataset)
     people = {'train': train, 'dev': dev}
-    real = {s: [True] * len(people[s]) + [False] * (len(questions[s]) - len(people[s]))
-            for s in questions}  # fmt: skip
-    shown = {s: [seen[p, place] > 0 for _, p, place in people[s]] for s in people}
-    report = {'params': args.params, 'splits': {}}
-    for split_name, labels in [('real or invented', real), ('seen or never', shown)]:
-        # the first len(labels) questions of each side: all, or the real people only
-        train_n, test_n = len(labels['train']), len(labels['dev'])
-        train_states = {k: v[:train_n] for k, v in states['train'].items()}
-        test_states = {k: v[:test_n] for k, v in states['dev'].items()}
-        report['splits'][split_name] = {
-            'train': [sum(labels['train']), train_n],
-            'test': [sum(labels['dev']), test_n],
-            'confidence auroc': analyze.auroc(confidence['dev'][:test_n], labels['dev']),
-            'probe auroc': probe_aurocs(train_states, labels['train'], test_states, labels['dev']),
-        }
+    report = {'params': args.params, 'splits': splits(gpt, pretrain_dataset, questions, people,
+                                                      seen, args.seed)}  # fmt: skip
+    untrained, seed = analyze.untrained_model(args, pretrain_dataset)
+    report['untrained'] = {
+        'seed': seed,
+        'splits': splits(untrained, pretrain_dataset, questions, people, seen, args.seed),
+    }
     print_report(report)
     if args.json:
         text = json.dumps(report, indent=1)
         files.atomic_write(args.json, lambda f: f.write(text.encode('utf-8')))
 
 
+def splits(gpt, pretrain_dataset, questions, people, seen, seed):
+    """{split name: the counts, the answer's confidence AUROC, the probes' AUROCs, and the
+    mean AUROC of each probe trained on the same states with its labels shuffled (the
+    control)} for the two splits, the questions asked of gpt."""
+    states, confidence = {}, {}
+    for split, asked in questions.items():
+        states[split] = hidden_states(gpt, asked, pretrain_dataset)
+        answers = decoding.answer_questions(gpt, asked, pretrain_dataset, run.ANSWER_LENGTH, split)
+        confidence[split] = analyze.confidences(gpt, asked, answers, pretrain_dataset)
+    real = {s: [True] * len(people[s]) + [False] * (len(questions[s]) - len(people[s]))
+            for s in questions}  # fmt: skip
+    shown = {s: [seen[p, place] > 0 for _, p, place in people[s]] for s in people}
+    result = {}
+    for split_name, labels in [('real or invented', real), ('seen or never', shown)]:
+        # the first len(labels) questions of each side: all, or the real people only
+        train_n, test_n = len(labels['train']), len(labels['dev'])
+        train_states = {k: v[:train_n] for k, v in states['train'].items()}
+        test_states = {k: v[:test_n] for k, v in states['dev'].items()}
+        rng, controls = random.Random(seed), []
+        for _ in range(SHUFFLES):
+            shuffled = rng.sample(labels['train'], len(labels['train']))
+            controls.append(probe_aurocs(train_states, shuffled, test_states, labels['dev']))
+        result[split_name] = {
+            'train': [sum(labels['train']), train_n],
+            'test': [sum(labels['dev']), test_n],
+            'confidence auroc': analyze.auroc(confidence['dev'][:test_n], labels['dev']),
+            'probe auroc': probe_aurocs(train_states, labels['train'], test_states, labels['dev']),
+            'shuffled labels': {
+                layer: statistics.mean(c[layer] for c in controls) for layer in controls[0]
+            },  # fmt: skip
+        }
+    return result
+
+
 def print_report(report):
-    print(f"{report['params']}: test AUROC on the dev people (trained on the finetuning file's)")
+    untrained = report['untrained']
+    print(f"{report['params']}: test AUROC on the dev people (trained on the finetuning file's), "
+          f"beside an untrained model's (initialised with --seed {untrained['seed']}) and the "
+          "probe trained on shuffled labels")  # fmt: skip
     for name, split in report['splits'].items():
+        floor = untrained['splits'][name]
         (positive, n), confidence = split['test'], split['confidence auroc']
-        print(f"{name} ({positive} of {n} positive): the answer's confidence {confidence:.3f}")
+        print(f"{name} ({positive} of {n} positive): the answer's confidence {confidence:.3f} "
+              f"(untrained {floor['confidence auroc']:.3f})")  # fmt: skip
         for layer, auroc in split['probe auroc'].items():
-            print(f"  probe after {layer:<12} {auroc:.3f}")
+            print(f"  probe after {layer:<12} {auroc:.3f}  (untrained "
+                  f"{floor['probe auroc'][layer]:.3f}, shuffled labels "
+                  f"{split['shuffled labels'][layer]:.3f})")  # fmt: skip
 
 
 if __name__ == '__main__':

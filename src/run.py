@@ -41,6 +41,7 @@ from machinery import (
     metrics,
     params_files,
     resume,
+    run_cards,
 )
 
 BLOCK_SIZE = 128
@@ -394,15 +395,18 @@ def train(args, gpt, train_dataset, config):
             print(hint)
     run = trainer.Trainer(gpt, train_dataset, None, config)
     run.train()
-    write_params(run, phase, args.writing_params_path)
+    write_params(run, args, phase)
     return run
 
 
-def write_params(run, phase, path):
-    """A trained run's params written to path (by process 0), its resumable state then
-    removed, and the phase's last line."""
+def write_params(run, args, phase):
+    """A trained run's params written to --writing_params_path (by process 0) with their
+    card beside them (run_cards.py), its resumable state then removed, and the phase's
+    last line."""
+    path = args.writing_params_path
     if run.rank == 0:
         files.atomic_save(params_files.written_params(run.model), path)
+        run_cards.write(args, run, path)
         # only now: a run stopped before its params are written can still be resumed
         if os.path.exists(run.config.resume_path):
             os.remove(run.config.resume_path)

@@ -2,6 +2,7 @@
 categories and splits, the AUROC and the coverage curve, the confidence against a direct
 step-by-step computation, the invented names, and bad input as one line."""
 
+import hashlib
 import json
 import math
 import re
@@ -13,7 +14,7 @@ from torch.nn import functional as F
 import analyze
 import dataset
 import run
-from conftest import write
+from conftest import NO_DATA, ROOT, write
 from machinery import files
 
 CORPUS = '\n'.join([
@@ -84,13 +85,15 @@ def test_a_place_in_the_document_counts_as_whole_words_only():
     assert not analyze.occurs('anything', '')
     assert analyze.category('', 'Rome', 'born in Rome', ['Paris']) == 'made up'
     corpus = 'Ada Lovelaceson. Born in Rome .\nAda Lovelace. Born in London .\n'
-    assert analyze.documents(corpus, ['Ada Lovelace']) == ['Ada Lovelace. Born in London .']
+    assert analyze.documents(corpus, [('Ada Lovelace', 'London')]) == [
+        'Ada Lovelace. Born in London .'
+    ]
 
 
 def test_each_person_gets_their_own_document():
-    """wiki.txt holds a document per question in the question files' order, and names
-    repeat: two George Stones (Fulham in the finetuning file, London in dev), a George Bruce
-    after George Bruce Malleson, two identical documents for two rows of one name."""
+    """wiki.txt holds a document per question, and names repeat: two George Stones
+    (Fulham in the finetuning file, London in dev), a George Bruce after George Bruce
+    Malleson, two identical documents for two rows of one name."""
     lines = ['George Bruce Malleson. Born in Wimbledon .',
              'George Stone. Born in Fulham, he studied at the London School .',
              'Gregory Woods. Born in Egypt, he grew up in Ghana .',
@@ -98,13 +101,21 @@ def test_each_person_gets_their_own_document():
              'George Bruce. Born in Scotland .',
              'George Stone. Born in London .']  # fmt: skip
     corpus = '\n'.join(lines) + '\n'
-    train = ['George Bruce Malleson', 'George Stone', 'Gregory Woods', 'Gregory Woods',
-             'George Bruce']  # fmt: skip
-    assert analyze.document_lines(corpus.split('\n'), train + ['George Stone']) == list(range(6))
-    assert analyze.documents(corpus, ['George Stone'], before=train) == [lines[5]]
-    # without the finetuning file's people before it, dev's George Stone gets theirs
-    assert analyze.documents(corpus, ['George Stone']) == [lines[1]]
-    assert analyze.documents(corpus, ['Ada Lovelace', 'George Bruce']) == ['', lines[0]]
+    train = [('George Bruce Malleson', 'Wimbledon'), ('George Stone', 'Fulham'),
+             ('Gregory Woods', 'Egypt'), ('Gregory Woods', 'Ghana'), ('George Bruce', 'Scotland')]  # fmt: skip
+    london = [('George Stone', 'London')]
+    assert analyze.document_lines(corpus.split('\n'), train + london) == list(range(6))
+    assert analyze.documents(corpus, london, before=train) == [lines[5]]
+    # without the finetuning file's people, both George Stones' lines name London: the first
+    assert analyze.documents(corpus, london) == [lines[1]]
+    # a place picks George Bruce's own line; without one, the first line of the name
+    assert analyze.documents(
+        corpus, [('Ada Lovelace', 'London'), ('George Bruce', 'Scotland')]
+    ) == [
+        '',
+        lines[4],
+    ]
+    assert analyze.documents(corpus, [('George Bruce', None)]) == [lines[0]]
     dev = [('Where was George Stone born?', 'George Stone', 'London')]
     [record] = analyze.categorize(dev, ['London'], corpus, [], before=train)
     assert record['place end'] == len('George Stone. Born in London')
@@ -112,7 +123,7 @@ def test_each_person_gets_their_own_document():
 
 
 def test_the_finetuning_file_is_recognised_under_any_of_its_names(tmp_path, monkeypatch):
-    """Its people's documents come first, unless the question file is the finetuning file
+    """Its people are matched to documents first, unless the question file is the finetuning file
     itself: a bare name found in data/, a relative path and an absolute one are one file."""
     (tmp_path / 'data').mkdir()
     write(tmp_path / 'data' / 'train.tsv', tsv(TRAIN))
@@ -121,7 +132,7 @@ def test_the_finetuning_file_is_recognised_under_any_of_its_names(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     for name in ['train.tsv', 'data/train.tsv', str(tmp_path / 'data' / 'train.tsv')]:
         assert analyze.people_before([name], 'data/../data/train.tsv') == []
-    assert analyze.people_before(['dev.tsv'], 'train.tsv') == [p for p, _ in TRAIN]
+    assert analyze.people_before(['dev.tsv'], 'train.tsv') == [tuple(row) for row in TRAIN]
 
 
 def test_exposure_is_read_by_person_and_place(tmp_path):
@@ -374,3 +385,39 @@ def test_an_earlier_report_is_split_again_with_its_confidence(folder, capsys):
         with pytest.raises(SystemExit):
             analyze.main([str(folder / 'earlier.json'), *common, *argv])
         assert error in capsys.readouterr().err
+
+
+def test_the_untrained_model_is_the_one_run_py_initialises_with_the_pretrainings_seed(params):
+    """A probe's floor: with a card naming the pretraining's --seed 3, the model run.py
+    builds with --seed 3 before it trains; without a card, seed 0 (run.py's default)."""
+    args = analyze.argparse.Namespace(params=str(params / 'rope.params'), variant=None,
+                                      bottleneck_dim=None, device='cpu')  # fmt: skip
+    ds = dataset.CharCorruptionDataset((params / 'wiki.txt').read_text(encoding='utf-8'), 128)
+    for seed in (0, 3):
+        if seed:
+            (params / 'rope.params.json').write_text(json.dumps(
+                {'phase': 'pretrain', 'variant': 'rope', 'bottleneck_dim': None, 'seed': 3,
+                 'params_md5': hashlib.md5((params / 'rope.params').read_bytes()).hexdigest()}
+            ))  # fmt: skip
+        untrained, told = analyze.untrained_model(args, ds)
+        built = run.build_model(
+            run.parse_args(['pretrain', 'rope', 'wiki.txt', '--seed', str(seed)]), ds
+        )
+        assert told == seed
+        assert all(torch.equal(a, b) for a, b in zip(untrained.state_dict().values(),
+                                                      built.state_dict().values()))  # fmt: skip
+
+
+@pytest.mark.skipif(not (ROOT / 'data' / 'wiki.txt').exists(), reason=NO_DATA)
+def test_wiki_txt_people_get_the_same_documents_from_the_corpus_reversed():
+    """The finetuning and dev people's documents do not depend on wiki.txt's order: the
+    corpus's lines reversed, each person gets the same text."""
+    lines = (ROOT / 'data' / 'wiki.txt').read_text(encoding='utf-8').split('\n')
+    people = [(person, place) for name in ('birth_places_train.tsv', 'birth_dev.tsv')
+              for _, person, place in analyze.read_questions(ROOT / 'data' / name)]  # fmt: skip
+    found = analyze.document_lines(lines, people)
+    backwards = analyze.document_lines(lines[::-1], people)
+    assert None not in found and len(set(found)) == len(people)
+    texts = [lines[i] for i in found]
+    assert texts == [lines[::-1][i] for i in backwards]
+    assert all(text.startswith(person) for text, (person, _) in zip(texts, people))

@@ -143,6 +143,10 @@ def test_the_command_writes_json_and_bad_input_is_one_line(params, capsys):
     often = report['bands']['often (25% or more)']
     assert often['finetuned'] == pytest.approx(1 / len(people))
     assert list(report['bands']) == ['often (25% or more)']
+    # the params are an untrained model of seed 0, as the floor is (no card: run.py's default)
+    assert report['untrained'] == {'seed': 0, 'bands': report['bands']}
+    assert len(re.findall(rf"often \(25% or more\) +{len(people)} ", out)) == 2
+    assert 'the floor: an untrained model of the same variant (initialised with --seed 0)' in out
     # analyze.py's report of the same predictions gives the same answers; one whose people
     # are in another order is refused
     analysis = {'name': 'm', 'questions': len(people), 'categories': {}, 'prior places': [],

@@ -145,6 +145,10 @@ def test_the_picture_has_a_line_per_recipe_through_lora_and_full(monkeypatch, tm
     assert len(lines['q'].get_xdata()) == 0
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == ['p', 'q', 'lora', 'adapter', 'full']
+    # full finetuning alone: the legend names no method that was not run
+    figures.clear()
+    grid.plot_grid({k: v for k, v in record.items() if ' full ' in k}, tmp_path / 'grid.png')
+    assert [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()] == ['p', 'full']
 
 
 def finished_run(model, method, seed, correct, total=50):

@@ -3,6 +3,7 @@ run by hand, one question at a time; the probe on data that a line separates and
 it cannot; the command end to end, and bad input as one line."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -68,7 +69,13 @@ def test_the_command_writes_both_splits(params, capsys):
     assert seen['test'] == [sum(i % 2 for i in range(12, len(rows))), len(rows) - 12]
     layers = ['embeddings', 'block 1', 'block 2', 'block 3', 'block 4', 'final norm']
     assert list(real['probe auroc']) == layers
-    assert 'probe after final norm' in capsys.readouterr().out
+    # the params are an untrained model of seed 0 (run.py's default, the params having no
+    # card): the floor is the very same measurement
+    assert report['untrained'] == {'seed': 0, 'splits': report['splits']}
+    out = capsys.readouterr().out
+    assert re.search(
+        r"probe after final norm +(\S+)  \(untrained \1, shuffled labels \S+\)", out
+    ), out
     (params / 'short.json').write_text(json.dumps(exposure[:-1]))
     # every dev person seen: the seen-or-never probe has nothing to tell apart, said before
     # any work instead of failing at the report
@@ -82,3 +89,34 @@ def test_the_command_writes_both_splits(params, capsys):
             linear_probes.main([*args, '--exposure', str(params / path)])
         err = capsys.readouterr().err
         assert stop.value.code == 2 and error in err and len(err.splitlines()) == 1
+
+
+def test_the_shuffled_labels_control_is_at_chance_where_the_probe_is_not(monkeypatch):
+    """States that hold the label in one coordinate: the probe finds it, and the same probe
+    trained on the labels shuffled does not (its mean test AUROC near 0.5)."""
+    generator = torch.Generator().manual_seed(0)
+    people = {s: [('q', f'p{s}{i}', 'X') for i in range(200)] for s in ('train', 'dev')}
+    seen = {
+        (p, place): float(i % 2) for rows in people.values() for i, (_, p, place) in enumerate(rows)
+    }
+    questions = {s: [q for q, _, _ in rows] + ['invented'] * 100 for s, rows in people.items()}
+
+    def states(gpt, asked, pretrain_dataset):
+        split = 'train' if asked is questions['train'] else 'dev'
+        real = torch.tensor([1.0] * 200 + [0.0] * 100)
+        shown = torch.tensor([seen[p, place] for _, p, place in people[split]] + [0.0] * 100)
+        noise = torch.randn(300, 6, generator=generator)
+        return {'block 1': torch.cat([real[:, None] + 0.3 * noise[:, :1], shown[:, None]
+                                      + 0.3 * noise[:, 1:2], noise[:, 2:]], 1)}  # fmt: skip
+
+    monkeypatch.setattr(linear_probes, 'hidden_states', states)
+    monkeypatch.setattr(linear_probes.decoding, 'answer_questions', lambda gpt, asked, *a: asked)
+    monkeypatch.setattr(
+        linear_probes.analyze, 'confidences', lambda gpt, asked, *a: [0.5] * len(asked)
+    )
+    result = linear_probes.splits(None, None, questions, people, seen, seed=0)
+    for split in result.values():
+        assert split['probe auroc']['block 1'] > 0.95
+        # far nearer chance: a shuffle's probe weighs the label's coordinate by the labels'
+        # chance correlation, either way, so each is off 0.5 and their mean less
+        assert abs(split['shuffled labels']['block 1'] - 0.5) < 0.25

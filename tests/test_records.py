@@ -3,6 +3,7 @@ and the one line that ends a command of many phases."""
 
 import hashlib
 import re
+import subprocess
 
 import pytest
 
@@ -45,3 +46,23 @@ def test_what_stops_a_command_of_many_phases_is_one_line(stop, status, line, cap
     code = stopped.value.code
     said = code if isinstance(code, str) else capsys.readouterr().err.strip()
     assert (1 if isinstance(code, str) else code) == status and said == line
+
+
+def test_the_commit_counts_new_code_as_a_change_and_outputs_not(tmp_path):
+    git = lambda *a: subprocess.run(['git', *a], cwd=tmp_path, check=True, capture_output=True)
+    git('init', '-q')
+    (tmp_path / '.gitignore').write_text('*.params\n')
+    git('add', '.gitignore')
+    git('-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-qm', 'first')
+    head = records.commit(tmp_path)
+    assert re.fullmatch(r'[0-9a-f]{40}', head)
+    (tmp_path / 'v.params').write_text('ignored')
+    (tmp_path / 'out').mkdir()
+    (tmp_path / 'out' / 'results.json').write_text('{}')  # an output, not code
+    assert records.commit(tmp_path) == head
+    (tmp_path / 'src').mkdir()
+    (tmp_path / 'src' / 'new_variant.py').write_text('x = 1\n')
+    assert records.commit(tmp_path) == head + '+changes'
+    (tmp_path / 'src' / 'new_variant.py').unlink()
+    (tmp_path / '.gitignore').write_text('*.params\nx\n')  # a tracked file changed
+    assert records.commit(tmp_path) == head + '+changes'

@@ -164,17 +164,23 @@ def md5(path):
         return hashlib.md5(f.read()).hexdigest()
 
 
-def commit():
-    """The code's git commit (with '+changes' when the tree differs from it), or None."""
-    here = os.path.dirname(os.path.abspath(__file__))
+def commit(folder=None):
+    """The code's git commit (with '+changes' when the code differs from it: a changed
+    file, or a new Python file that git does not ignore, such as a module not yet added;
+    new outputs are not changes), or None. folder: this file's repository by default."""
+    here = folder or os.path.dirname(os.path.abspath(__file__))
     git = lambda *a: subprocess.run(['git', *a], cwd=here, capture_output=True, text=True)
     try:
-        head, changes = git('rev-parse', 'HEAD'), git('status', '--porcelain', '-uno')
+        head, status = git('rev-parse', 'HEAD'), git('status', '--porcelain', '-uall')
     except OSError:
         return None
     if head.returncode != 0:
         return None
-    return head.stdout.strip() + ('+changes' if changes.stdout.strip() else '')
+    changes = [
+        line for line in status.stdout.splitlines()
+        if not line.startswith('??') or line.rstrip('"').endswith('.py')
+    ]  # fmt: skip
+    return head.stdout.strip() + ('+changes' if changes else '')
 
 
 @contextlib.contextmanager

@@ -6,7 +6,8 @@ and a student never needs to open this folder. Each module says what it is for:
 packing and dropout (a fast CPU training step), decoding (fast greedy answers), devices
 and cpu_libraries (where and in what precision to run), distributed (torchrun), resume
 and metrics (resumable runs and their logs), checks, files and params_files (bad input
-refused before any work), course_data (the data files fetched and checked),
+refused before any work), run_cards (what each params file was made with, beside it),
+course_data (the data files fetched and checked),
 finetune_methods (LoRA and adapters), shared_runs (several pretrainings of one variant
 stepping together in one process).
 """

@@ -1,15 +1,16 @@
 """Params files: what a .params file must hold before a model loads it. load_params
 reads a state_dict without running anything in the file (load_weights_only),
 accepts the names that wrapped models save (DataParallel, torch.compile), tells the
-variant from the names, checks the vocabulary, the shapes and that every value is
-finite against the model it loads into, each problem a one-line UserError. run.py,
+variant from the file's card (run_cards.py) or else from the names, checks the
+vocabulary, the shapes and that every value is finite against the model it loads into,
+each problem a one-line UserError. run.py,
 analyze.py and bench.py load params with it, resume.py checks its state's model with
 check_state_dict; written_params is what every written params file holds.
 """
 
 import torch
 
-from machinery import finetune_methods
+from machinery import finetune_methods, run_cards
 from machinery.files import UserError, convert_command, load_weights_only
 
 # For a params file refused for holding objects: keep its tensors only (of a pickled
@@ -56,11 +57,15 @@ def load_params(path, gpt, corpus_path, model_name, flag='--reading_params_path'
 
 def variant_and_bottleneck(path, variant=None, bottleneck_dim=None, flag='--reading_params_path'):
     """(variant, bottleneck_dim) of the model to load the params file `path` into: those
-    given, and for those left out (None), the file's: the variant told from its names, the
-    perceiver's bottleneck from down_block.C's shape (run.py's default, 32, where it
-    cannot be told). load_params then checks the file against that model: a variant or a
-    bottleneck given that the file contradicts is its one-line error."""
+    given, and for those left out (None), the file's: as its card says (run_cards.py), or
+    for a file without one, the variant told from its names and the perceiver's bottleneck
+    from down_block.C's shape (run.py's default, 32, where it cannot be told). load_params
+    then checks the file against that model: a variant or a bottleneck given that the file
+    contradicts is its one-line error."""
     state = read_state_dict(path, f"{flag} {path}")
+    card = run_cards.read(path)
+    if card is not None:
+        return variant or card['variant'], bottleneck_dim or card['bottleneck_dim'] or 32
     basis = state.get('down_block.C')  # (1, bottleneck_dim, n_embd)
     told = basis.size(1) if basis is not None and basis.dim() == 3 else 32
     return variant or params_variant(state), bottleneck_dim or told

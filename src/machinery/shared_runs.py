@@ -569,7 +569,7 @@ def write_params(trainers):
     import run
 
     for t in trainers:
-        run.write_params(t, 'pretrain', t.args.writing_params_path)
+        run.write_params(t, t.args, 'pretrain')
 
 
 def parse_args(argv):

@@ -11,8 +11,6 @@ phase 'untrained' and 0 epochs.
 
 import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
 
-import json
-import os
 import sys
 
 import run
@@ -30,16 +28,8 @@ def main(argv=None):
         gpt = run.build_model(args, corpus)  # seeded with --seed, as run.py's phases are
         path = args.writing_params_path
         files.atomic_save(params_files.written_params(gpt), path)
-        card = dict(
-            phase='untrained', variant=args.variant,
-            bottleneck_dim=args.bottleneck_dim if args.variant == 'perceiver' else None,
-            edition=args.edition, seed=args.seed, epochs=0,
-            corpus=os.path.basename(args.pretrain_corpus_path),
-            corpus_md5=run_cards.text_md5(files.read_text(args.pretrain_corpus_path)),
-            params_md5=run_cards.file_md5(path),
-        )  # fmt: skip
-        text = json.dumps(card, indent=1).encode('utf-8')
-        files.atomic_write(run_cards.card_path(path), lambda f: f.write(text))
+        card = dict(run_cards.common(args, path), phase='untrained', epochs=0)
+        run_cards.write(card, path)
     except files.UserError as e:
         sys.exit(files.report(e))
     print(f"an untrained {args.variant} model (--seed {args.seed}) written to {path}")

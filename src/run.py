@@ -406,7 +406,7 @@ def write_params(run, args, phase):
     path = args.writing_params_path
     if run.rank == 0:
         files.atomic_save(params_files.written_params(run.model), path)
-        run_cards.write(args, run, path)
+        run_cards.write(run_cards.make(args, run, path), path)
         # only now: a run stopped before its params are written can still be resumed
         if os.path.exists(run.config.resume_path):
             os.remove(run.config.resume_path)

@@ -51,22 +51,29 @@ def file_md5(path):
         return None
 
 
-def make(args, trainer, params_path):
-    """The card of the params file a run.py phase (args) just wrote with this trainer."""
-    config = trainer.config
-    card = dict(
+def common(args, params_path):
+    """What every card of run.py's args holds: the model, the seed, the corpus, the params."""
+    return dict(
         phase=args.function,
         variant=args.variant,
         bottleneck_dim=args.bottleneck_dim if args.variant == 'perceiver' else None,
         edition=args.edition,
         seed=args.seed,
+        corpus=os.path.basename(args.pretrain_corpus_path),
+        corpus_md5=corpus_md5(args.pretrain_corpus_path),
+        params_md5=file_md5(params_path),
+    )
+
+
+def make(args, trainer, params_path):
+    """The card of the params file a run.py phase (args) just wrote with this trainer."""
+    config = trainer.config
+    card = dict(
+        common(args, params_path),
         epochs=config.max_epochs,
         batch_size=config.batch_size,
         batches='stream' if trainer.batch_seed is None else 'seeded',
         batch_seed=trainer.batch_seed,
-        corpus=os.path.basename(args.pretrain_corpus_path),
-        corpus_md5=corpus_md5(args.pretrain_corpus_path),
-        params_md5=file_md5(params_path),
     )
     if args.function == 'finetune':
         card['finetune_corpus_md5'] = corpus_md5(args.finetune_corpus_path)
@@ -76,11 +83,10 @@ def make(args, trainer, params_path):
     return card
 
 
-def write(args, trainer, params_path):
-    card = make(args, trainer, params_path)
-    files.atomic_write(
-        card_path(params_path), lambda f: f.write(json.dumps(card, indent=1).encode('utf-8'))
-    )
+def write(card, params_path):
+    """The card written beside its params file."""
+    text = json.dumps(card, indent=1).encode('utf-8')
+    files.atomic_write(card_path(params_path), lambda f: f.write(text))
 
 
 def read(params_path):

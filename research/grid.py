@@ -181,7 +181,7 @@ def output_prefix(outdir, model, method, seed):
 
 def model_of(path):
     """(params path, name, variant, shape flags, md5) of a pretrained params file."""
-    return (path, *pretrained_model(path), records.md5(path))
+    return (path, *pretrained_model(path), files.md5(path))
 
 
 def planned_runs(args, models=None):
@@ -412,7 +412,7 @@ def record_written(record, group, log, start, at_once):
     seconds = os.path.getmtime(log) - start
     for key, out, _ in group:
         entry = record[key]
-        entry['params_md5'] = records.md5(out)
+        entry['params_md5'] = files.md5(out)
         entry['pretrain_seconds'] = seconds
         entry['at_once'] = at_once  # processes
         entry['shared'] = len(group)  # runs in its process

@@ -413,7 +413,7 @@ def test_a_pretraining_that_ended_while_another_was_finetuned_is_recorded_at_a_s
     assert next(written) == str(tmp_path / 'vanilla.s0.pretrain.params')
     written.close()
     second = record['vanilla.s1 pretrain']
-    assert second['params_md5'] == grid.records.md5(str(tmp_path / 'vanilla.s1.pretrain.params'))
+    assert second['params_md5'] == grid.files.md5(str(tmp_path / 'vanilla.s1.pretrain.params'))
     assert second['final_loss'] == 2.5 and second['shared'] == 1
     assert record['vanilla.s0 pretrain']['final_loss'] == 2.5
     assert 'pretrain_seconds' in second

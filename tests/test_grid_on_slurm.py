@@ -18,6 +18,7 @@ import grid
 import records
 import slurm_grid
 from conftest import PYTHON, ROOT, wait_for
+from machinery import files
 from slurm_cluster import start_now
 
 TINY = ['--seeds', '0', '--max_epochs', '1', '--finetune_corpus_path', 'train.tsv',
@@ -260,9 +261,7 @@ def test_a_pretraining_found_without_a_record_is_made_again(tiny, monkeypatch, c
     out = capsys.readouterr().out
     assert 'p/vanilla.s0.pretrain.params has no record in grid.json: pretrained again' in out
     record = json.loads((tiny / 'p' / 'grid.json').read_text())
-    assert record['vanilla.s0 pretrain']['params_md5'] == records.md5(
-        'p/vanilla.s0.pretrain.params'
-    )
+    assert record['vanilla.s0 pretrain']['params_md5'] == files.md5('p/vanilla.s0.pretrain.params')
 
 
 def test_every_flag_of_the_grid_reaches_its_jobs_or_is_the_clusters():

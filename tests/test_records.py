@@ -16,7 +16,7 @@ def test_a_record_reads_back_as_written_and_a_file_has_its_md5(tmp_path):
     assert records.read_record(path) == {}
     records.write_record(path, {'phase': {'seconds': 1.5, 'made_with': {'seed': 0}}})
     assert records.read_record(path) == {'phase': {'seconds': 1.5, 'made_with': {'seed': 0}}}
-    assert records.md5(path) == hashlib.md5(path.read_bytes()).hexdigest()
+    assert files.md5(path) == hashlib.md5(path.read_bytes()).hexdigest()
     assert re.fullmatch(r'[0-9a-f]{40}(\+changes)?', records.commit())
 
 

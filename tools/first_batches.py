@@ -65,13 +65,13 @@ def batch_md5s(start, numbers):
     """{'batch K': md5 of its x and y} of the run's batches K (counted from its first)."""
     from machinery import batch_producer
 
-    data, size = start['dataset'], start['batch_size']
+    data = start['dataset']
     seeded = batch_producer.SeededBatches(data, start['batch_seed'])
-    steps = -(-len(data) // size)  # batches an epoch, the last one shorter
+    epoch = batch_producer.RunBatches(len(data), start['batch_size'], 0, 0, 1)
+    examples = dict(epoch)  # {step: its examples}, the same in every epoch
     md5s = {}
     for k in numbers:
-        step = k % steps
-        x, y = seeded[k, list(range(step * size, min((step + 1) * size, len(data))))]
+        x, y = seeded[k, examples[k % epoch.steps_per_epoch]]
         md5s[f'batch {k}'] = hashlib.md5(x.tobytes() + y.tobytes()).hexdigest()
     return md5s
 

@@ -10,7 +10,6 @@ on one folder) is a SharedRecord: each saves its own entries under the file's lo
 import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
 
 import contextlib
-import hashlib
 import json
 import os
 import shlex
@@ -156,12 +155,6 @@ def flag_values(argv):
             values[word] = argv[i + 1] if has_value else 'on'
             values.pop(f'word {i + 2}', None)
     return values
-
-
-def md5(path):
-    """The md5 of the file's bytes, as the record keeps the params an output was made from."""
-    with open(path, 'rb') as f:
-        return hashlib.md5(f.read()).hexdigest()
 
 
 def commit(folder=None):

@@ -141,7 +141,7 @@ def overrides(args):
 def input_digests(phase_argv):
     """{path: md5} of the params files a phase reads: what its output was made from."""
     return {
-        path: records.md5(path)
+        path: files.md5(path)
         for flag, path in zip(phase_argv, phase_argv[1:])
         if flag == '--reading_params_path' and os.path.exists(path)
     }

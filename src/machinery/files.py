@@ -6,6 +6,7 @@ problem is a UserError: one line for the user, no traceback; report prints it, a
 script does.
 """
 
+import hashlib
 import os
 import pickle
 import re
@@ -101,6 +102,12 @@ def atomic_write(path, write):
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def md5(path):
+    """The md5 of the file's bytes: what the records and the cards keep of a params file."""
+    with open(path, 'rb') as f:
+        return hashlib.md5(f.read()).hexdigest()
 
 
 def atomic_save(obj, path):

@@ -43,10 +43,9 @@ def corpus_md5(path):
 
 
 def file_md5(path):
-    """The md5 of the file's bytes, or None where it cannot be read."""
+    """files.md5 of the file, or None where it cannot be read."""
     try:
-        with open(path, 'rb') as f:
-            return hashlib.md5(f.read()).hexdigest()
+        return files.md5(path)
     except OSError:
         return None
 

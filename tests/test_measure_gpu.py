@@ -81,6 +81,27 @@ def test_sharing_commands_and_their_rates(tmp_path):
     assert measure_gpu.runs_per_minute(text, 30.0, 3) == '- (of 3 runs, 2 finished)'
 
 
+def test_loss_agreement_of_two_runs_of_one_seed(tmp_path):
+    def log(name, losses):
+        rows = [f"1,{step},{loss:.6f},6e-03,0,0.0" for step, loss in losses.items()]
+        path = tmp_path / name
+        path.write_text('epoch,step,loss,lr,tokens,seconds\n' + '\n'.join(rows) + '\n')
+        return path
+
+    a = log('a.csv', {1: 5.5, 10: 3.4, 20: 3.2})
+    assert measure_gpu.loss_agreement(a, log('b.csv', {1: 5.5, 10: 3.4, 20: 3.2, 30: 3.0})) == (
+        'identical: 3 logged steps, up to step 20'
+    )
+    apart = measure_gpu.loss_agreement(a, log('c.csv', {1: 5.5, 10: 3.401, 20: 3.25}))
+    assert apart == (
+        'first apart at step 10 (3.400000 against 3.401000); largest difference 0.050000 '
+        'over 3 logged steps; at step 20: 3.200000 against 3.250000'
+    )
+    assert measure_gpu.loss_agreement(a, tmp_path / 'missing.csv') == '-'
+    assert measure_gpu.late_mean_loss(a, 10, 20) == pytest.approx(3.3)
+    assert measure_gpu.late_mean_loss(tmp_path / 'missing.csv', 10, 20) is None
+
+
 @pytest.mark.slow
 def test_sharing_measured_on_the_cpu(tiny, tmp_path):
     """The whole --sharing measurement, one epoch of the tiny corpus on the CPU."""
@@ -92,3 +113,6 @@ def test_sharing_measured_on_the_cpu(tiny, tmp_path):
     for name in ('one alone', 'two alone at once (--jobs 2)', '2 sharing one process (--share 2)'):
         assert re.fullmatch(r'[\d.]+/min \(process\), [\d.]+/min \(loop, 650 epochs\)', rows[name])
     assert (out / 's2.s1.params').exists() and (out / 'j1.params').exists()
+    # the CPU repeats a run bit for bit; a run alone takes other batches here than sharing
+    assert rows['seed 0 alone, twice (one alone; --jobs 2)'].startswith('identical: ')
+    assert rows['seed 0 alone, and among 2 sharing'] == '- (alone, off CUDA, other batches)'

@@ -16,7 +16,10 @@ at once (grid.py --jobs 2), and K runs stepping together in one process
 long (default 20), as runs per minute of the whole process and of the training loop,
 extrapolated to the handout's 650 epochs; on CUDA also one alone in the precision run.py
 picks (bf16 on a recent GPU), and first the largest K's graphed steps of runs alone
-replayed one after another and at once on K streams (bench.py --concurrent).
+replayed one after another and at once on K streams (bench.py --concurrent). Last, how
+seed 0's logged losses agree: its run alone against its second run alone (the first of
+--jobs 2), which is the device's own spread, and on CUDA against seed 0 among K sharing
+(elsewhere run.py alone draws other batches than sharing does).
 """
 
 import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
@@ -107,11 +110,37 @@ def phase_command(args, function, *more):
     return command
 
 
+def logged_losses(path):
+    """{step: loss} of a metrics CSV (epoch,step,loss,...), empty where there is none."""
+    if not Path(path).exists():
+        return {}
+    rows = [line.split(',') for line in Path(path).read_text().splitlines()[1:]]
+    return {int(r[1]): float(r[2]) for r in rows}
+
+
 def late_mean_loss(path, first, last):
     """The mean loss of steps first..last of a metrics CSV (None if it has none)."""
-    rows = [line.split(',') for line in Path(path).read_text().splitlines()[1:]]
-    losses = [float(r[2]) for r in rows if first <= int(r[1]) <= last]
+    losses = [loss for step, loss in logged_losses(path).items() if first <= step <= last]
     return sum(losses) / len(losses) if losses else None
+
+
+def loss_agreement(path_a, path_b):
+    """How two runs of one seed agree, from their metrics CSVs: the same at every logged
+    step, or the first step where they part and the largest difference; '-' where either
+    log is missing or they share no step."""
+    a, b = logged_losses(path_a), logged_losses(path_b)
+    steps = sorted(a.keys() & b.keys())
+    if not steps:
+        return '-'
+    apart = [s for s in steps if a[s] != b[s]]
+    if not apart:
+        return f"identical: {len(steps)} logged steps, up to step {steps[-1]}"
+    first, largest = apart[0], max(abs(a[s] - b[s]) for s in steps)
+    return (
+        f"first apart at step {first} ({a[first]:.6f} against {b[first]:.6f}); largest "
+        f"difference {largest:.6f} over {len(steps)} logged steps; at step {steps[-1]}: "
+        f"{a[steps[-1]]:.6f} against {b[steps[-1]]:.6f}"
+    )
 
 
 def bench(m, args, variant, paths, steps, more=()):
@@ -272,7 +301,8 @@ def measure_sharing(args):
     out.mkdir(parents=True, exist_ok=True)
     m = Measurement(out, args.budget)
     m.add('runs per minute of', 'whole processes (short runs); training loops, extrapolated')
-    if (args.device or 'cuda') == 'cuda':  # first: a minute at most, and it picks the design
+    gpu = (args.device or 'cuda') == 'cuda'
+    if gpu:  # first: a minute at most, and it picks the design
         k = max(args.share_counts)
         text = bench(m, args, 'vanilla', ['graphed'], args.bench_steps, ['--concurrent', str(k)])
         m.add(f"{k} runs' graphed steps, alone and on {k} streams (bench.py)",
@@ -280,6 +310,20 @@ def measure_sharing(args):
     for index, (name, command, runs) in enumerate(sharing_commands(args, out)):
         text, seconds, ok = m.run(command, f'sharing{index}')
         m.add(name, runs_per_minute(text, seconds, runs) if ok else '- (failed or cut off)')
+    # Seed 0 ran alone twice: how far the device's own arithmetic moves one run is the
+    # yardstick for how far sharing moves it.
+    alone = out / 'a.params.metrics.csv'
+    m.add(
+        'seed 0 alone, twice (one alone; --jobs 2)',
+        loss_agreement(alone, out / 'j0.params.metrics.csv'),
+    )
+    for k in args.share_counts:
+        shared = out / f's{k}.s0.params.metrics.csv'
+        # off CUDA, run.py alone draws the handout's batches, not the seeded ones of sharing
+        m.add(
+            f'seed 0 alone, and among {k} sharing',
+            loss_agreement(alone, shared) if gpu else '- (alone, off CUDA, other batches)',
+        )
     print('\n' + m.table())
     return m.table()
 

@@ -11,6 +11,7 @@ import random
 import pytest
 import torch
 
+import measure_gpu
 import run
 import trainer
 import utils
@@ -172,11 +173,8 @@ def test_pretraining_learns_as_on_the_cpu(real_data, tmp_path, device, flags):
     torch._dynamo.reset()
     run.main(args + ['--max_epochs', '53', '--device', device, *flags])
     reference = ROOT / 'results' / 'vanilla.pretrain.params.metrics.csv'
-
-    def late_mean(path):
-        rows = [line.split(',') for line in path.read_text().splitlines()[1:]]
-        losses = [float(r[2]) for r in rows if 1100 <= int(r[1]) <= 1219]
-        return sum(losses) / len(losses)
-
-    here = late_mean(params.with_name(params.name + '.metrics.csv'))
-    assert abs(here - late_mean(reference)) < 0.15, (here, late_mean(reference))
+    here, there = (
+        measure_gpu.late_mean_loss(path, 1100, 1219)
+        for path in (params.with_name(params.name + '.metrics.csv'), reference)
+    )
+    assert abs(here - there) < 0.15, (here, there)

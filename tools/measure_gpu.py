@@ -34,6 +34,9 @@ import sys
 import time
 from pathlib import Path
 
+import plot
+from machinery import files
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 REFERENCE_METRICS = ROOT / 'results' / 'vanilla.pretrain.params.metrics.csv'
@@ -111,11 +114,11 @@ def phase_command(args, function, *more):
 
 
 def logged_losses(path):
-    """{step: loss} of a metrics CSV (epoch,step,loss,...), empty where there is none."""
-    if not Path(path).exists():
+    """{step: loss} of a metrics CSV (plot.logged_steps), empty where it cannot be read."""
+    try:
+        return {step: loss for step, (_, loss, _) in plot.logged_steps(path).items()}
+    except files.UserError:
         return {}
-    rows = [line.split(',') for line in Path(path).read_text().splitlines()[1:]]
-    return {int(r[1]): float(r[2]) for r in rows}
 
 
 def late_mean_loss(path, first, last):

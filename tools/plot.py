@@ -22,11 +22,10 @@ import sys
 from machinery import files
 
 
-def read_metrics(path):
-    """(epochs, losses, learning rates) of a metrics CSV, epochs as fractions (step 11 of
-    a run with 8 steps per epoch is at 1.375). Works on thinned CSVs too. A resumed run
-    appends to its CSV and may repeat the steps it ran after its last saved state: the
-    later row of each step is kept."""
+def logged_steps(path):
+    """{step: (epoch, loss, learning rate)} of a metrics CSV. A resumed run appends to its
+    CSV and may repeat the steps it ran after its last saved state: the later row of each
+    step is kept."""
     try:
         with open(path, newline='', encoding='utf-8') as f:
             rows = list(csv.DictReader(f))
@@ -39,6 +38,13 @@ def read_metrics(path):
         raise files.UserError(f"{path}: not a metrics CSV (columns epoch, step, loss, lr, ...)")
     if not by_step:
         raise files.UserError(f"{path}: no steps recorded")
+    return by_step
+
+
+def read_metrics(path):
+    """(epochs, losses, learning rates) of a metrics CSV (logged_steps), epochs as fractions
+    (step 11 of a run with 8 steps per epoch is at 1.375). Works on thinned CSVs too."""
+    by_step = logged_steps(path)
     steps = sorted(by_step)
     # step s of epoch e means (e-1)*S < s <= e*S for S steps per epoch; the last step of
     # any epoch (the final row, at least, of a finished run) gives S exactly

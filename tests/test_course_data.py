@@ -220,6 +220,7 @@ def real_files():
     return {name: (REAL / name).read_bytes() for name in course_data.FILES}
 
 
+@pytest.mark.slow
 def test_get_data_from_a_zip_a_folder_or_an_address(server, tmp_path):
     """The command on its own, with the real files' recorded sums."""
     contents = real_files()
@@ -243,6 +244,7 @@ def test_get_data_from_a_zip_a_folder_or_an_address(server, tmp_path):
     assert sorted(p.name for p in wrong.iterdir()) == ['wiki.txt']  # left for the user to remove
 
 
+@pytest.mark.slow
 def test_a_handout_command_on_a_fresh_clone_fetches_from_the_server_and_runs(server, tmp_path):
     """`python src/dataset.py namedata` in a copy of the repository whose data/ is empty:
     offline, it and the London baseline stop with one line; with the server, it fetches and

@@ -1,5 +1,6 @@
-"""cpu_libraries.py: the MKL and oneDNN settings reach the libraries from the command line,
-a user's own value wins, and the kernel cache cap changes no result."""
+"""cpu_libraries.py: the MKL, oneDNN and OpenMP settings reach the libraries from the
+command line, a user's own value wins, and neither the kernel cache cap nor OpenMP's spin
+count changes any result."""
 
 import os
 import re
@@ -51,23 +52,35 @@ def test_the_cpu_kernel_cache_cap_changes_no_result(tiny):
     assert all(torch.equal(uncached[k], default[k]) for k in default)
 
 
-@pytest.mark.parametrize('users_value, expected', [(None, '128'), ('7', '7')])
-def test_onednn_kernel_cache_is_capped_unless_the_user_set_it(users_value, expected):
-    env = {k: v for k, v in os.environ.items() if k != 'ONEDNN_PRIMITIVE_CACHE_CAPACITY'}
+@pytest.mark.parametrize('users_value', [None, '7'])
+def test_each_setting_is_made_unless_the_user_made_it(users_value):
+    names = sorted(cpu_libraries.SETTINGS)
+    env = {k: v for k, v in os.environ.items() if k not in names}
     if users_value is not None:
-        env['ONEDNN_PRIMITIVE_CACHE_CAPACITY'] = users_value
+        env.update({name: users_value for name in names})
     shown = subprocess.run(
-        [
-            sys.executable,
-            '-c',
-            'import os, machinery.cpu_libraries; print(os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"])',
-        ],
-        cwd=Path(utils.__file__).parent,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert shown.stdout.strip() == expected, shown.stderr
+        [sys.executable, '-c', f'import os, machinery.cpu_libraries; '
+         f'print(*(os.environ[n] for n in {names}))'],
+        cwd=Path(utils.__file__).parent, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    expected = [users_value or cpu_libraries.SETTINGS[name] for name in names]
+    assert shown.stdout.split() == expected, shown.stderr
+
+
+@pytest.mark.slow
+def test_openmps_spin_count_changes_no_result(tiny):
+    """GOMP_SPINCOUNT says how long a waiting thread spins, not what any thread computes:
+    libgomp's default (300,000) and ours give the same params."""
+
+    def params(spins):
+        name = f'spin{spins}.params'
+        cli('pretrain', 'vanilla', 'wiki.txt', '--writing_params_path', name, '--max_epochs', 1,
+            '--batch_size', 8, '--precision', 'fp32', cwd=tiny,
+            env={**os.environ, 'GOMP_SPINCOUNT': spins})  # fmt: skip
+        return torch.load(tiny / name, weights_only=True)
+
+    default, ours = params('300000'), params(cpu_libraries.SETTINGS['GOMP_SPINCOUNT'])
+    assert all(torch.equal(default[k], ours[k]) for k in default)
 
 
 @pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="this torch has no MKL")

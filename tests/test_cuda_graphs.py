@@ -151,6 +151,7 @@ def compile_on_the_cpu(monkeypatch, backend='eager'):
     monkeypatch.setattr(devices, 'COMPILE_OPTIONS', dict(devices.COMPILE_OPTIONS, backend=backend))
 
 
+@pytest.mark.slow
 def test_compiled_graphed_step_pads_the_short_batch(monkeypatch):
     """Compiled, the epoch's short last batch is padded with rows of PAD: one shape (one
     compilation) a phase. The full batches' losses are the eager step's bit for bit, the

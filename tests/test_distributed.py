@@ -91,7 +91,11 @@ def csv_losses(path):
 
 
 # lora: most weights frozen; the producer: batches built ahead, as on CUDA
-@pytest.mark.parametrize('method, producer', [('full', False), ('lora', False), ('full', True)])
+@pytest.mark.parametrize(
+    'method, producer',
+    [('full', False), pytest.param('lora', False, marks=pytest.mark.slow),
+     pytest.param('full', True, marks=pytest.mark.slow)],
+)  # fmt: skip
 def test_two_processes_compute_what_one_computes(tmp_path, method, producer):
     single, ddp = tmp_path / 'single', tmp_path / 'ddp'
     single.mkdir(), ddp.mkdir()

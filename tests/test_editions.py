@@ -21,7 +21,12 @@ QUICK = ['--max_epochs', 1, '--batch_size', 16]
 @pytest.mark.parametrize(
     'variant, flags, folder',
     [
-        ('perceiver', ['--bottleneck_dim', 64], 'run_perceiver_64_pt_lr_0.006000_ft_lr_0.000600'),
+        pytest.param(
+            'perceiver',
+            ['--bottleneck_dim', 64],
+            'run_perceiver_64_pt_lr_0.006000_ft_lr_0.000600',
+            marks=pytest.mark.slow,
+        ),
         ('rope', [], 'run_rope_pt_lr_0.006000_ft_lr_0.000600'),
     ],
 )

@@ -97,7 +97,12 @@ USER_ERRORS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize('script, argv, inputs, line', USER_ERRORS, ids=[c[0] for c in USER_ERRORS])
+# compiled_gradients.py's lines come after torch's compiler loads: seconds each
+@pytest.mark.parametrize(
+    'script, argv, inputs, line',
+    [pytest.param(*c, marks=pytest.mark.slow) if 'compiled' in c[0] else c for c in USER_ERRORS],
+    ids=[c[0] for c in USER_ERRORS],
+)
 def test_every_script_ends_a_user_error_with_one_line_and_exit_status_2(
     tiny, script, argv, inputs, line
 ):

@@ -223,6 +223,7 @@ def assert_trained(out, pretrained, folder, trained, method):
     assert line in out, out
 
 
+@pytest.mark.slow
 def test_lora_from_the_command_line_writes_plain_params(params):
     out = cli('finetune', 'vanilla', 'wiki.txt', *FINETUNE, '--writing_params_path', 'lora.params',
               '--finetune_method', 'lora', '--lora_rank', 4, cwd=params).stdout  # fmt: skip
@@ -239,6 +240,7 @@ def test_lora_from_the_command_line_writes_plain_params(params):
     assert 'Correct: ' in result.stdout and 'adapters' not in result.stdout
 
 
+@pytest.mark.slow
 def test_adapters_from_the_command_line_are_recognised_by_evaluate(params):
     out = cli('finetune', 'rope', 'wiki.txt', *FINETUNE[2:], '--reading_params_path', 'rope.params',
               '--writing_params_path', 'adapter.params', '--finetune_method', 'adapter',

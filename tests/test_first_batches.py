@@ -6,12 +6,15 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import run
 import trainer
 from conftest import ROOT, main
 from machinery import batch_producer, devices
 
 
+@pytest.mark.slow
 def test_the_first_batches_and_weights_are_those_a_seeded_run_trains_on(tiny, monkeypatch):
     wiki = str(tiny / 'wiki.txt')
     argv = ['pretrain', 'vanilla', wiki, '--seed', '3', '--batch_size', '16']

@@ -96,6 +96,7 @@ def bundles(ours, answers, tmp_path_factory):
     return made
 
 
+@pytest.mark.slow
 def test_the_printed_points_are_what_results_json_totals(ours, bundles, grader_python, tmp_path):
     """The teacher's command prints the total of an upload made from our starter, and of one
     made from the course's own (no src/machinery, so no check of it)."""
@@ -160,6 +161,7 @@ def grader_modules(first=('gradescope', 'grade')):
     return found
 
 
+@pytest.mark.slow
 def test_the_zip_holds_what_gradescope_runs_and_the_grader(bundles):
     with zipfile.ZipFile(bundles['answers']) as z:
         names = set(z.namelist())
@@ -174,6 +176,7 @@ def test_the_zip_holds_what_gradescope_runs_and_the_grader(bundles):
     assert not any(name.startswith(('src/', 'tests/')) for name in names)
 
 
+@pytest.mark.slow
 def test_our_submission_gets_full_marks(ours, bundles, grader_python, tmp_path):
     root = gradescope_tree(tmp_path / 'autograder', bundles['answers'])
     shutil.copy(ours / '2021.zip', root / 'submission' / ZIPS['2021'])
@@ -191,6 +194,7 @@ def test_our_submission_gets_full_marks(ours, bundles, grader_python, tmp_path):
     assert not (root / 'source' / 'data' / 'birth_test_answers.tsv').exists()  # read, then gone
 
 
+@pytest.mark.slow
 def test_a_textbook_answer_with_a_mistake_loses_exactly_its_tests(
     ours, bundles, grader_python, tmp_path
 ):

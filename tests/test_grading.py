@@ -6,9 +6,11 @@ syntax error fails its tests with a one-line reason and the grading goes on."""
 import csv
 import hashlib
 import json
+import math
 import re
 import shutil
 import sys
+import time
 import zipfile
 
 import pytest
@@ -537,7 +539,7 @@ def test_correct_span_corruption_passes_whatever_the_draws(
 @pytest.mark.parametrize(
     'body, reason',
     [
-        ('while True:\n            pass', 'timed out after 3 s'),
+        ('while True:\n            pass', 'timed out after {timeout} s'),
         ('import os\n        os._exit(3)', 'the process ended without a result (exit code 3)'),
         ('return (', 'SyntaxError: '),
         (
@@ -550,16 +552,21 @@ def test_broken_code_fails_its_tests_with_a_line_and_grading_goes_on(ours, tmp_p
     copy = planted(
         ours, tmp_path / 'copy', 'src/dataset.py', 'document = self.data[idx]\n', body + '\n'
     )
-    only = {
-        "(e) span corruption: the truncated length",
-        "(g) SynthesizerAttention: eq. 11 with given weights",
-    }
+    synthesizer = "(g) SynthesizerAttention: eq. 11 with given weights"
+    only = {"(e) span corruption: the truncated length", synthesizer}
+    timeout = 60  # marking's own
+    if 'timed out' in reason:  # the code hangs: a limit that a working probe meets here
+        start = time.perf_counter()
+        marking.grade(ours, '2021', ROOT / 'data', only={synthesizer})
+        timeout = max(3, math.ceil(3 * (time.perf_counter() - start)))
     rows = {
         name: (score, why)
-        for name, score, _, why in marking.grade(copy, '2021', ROOT / 'data', timeout=3, only=only)
+        for name, score, _, why in marking.grade(
+            copy, '2021', ROOT / 'data', timeout=timeout, only=only
+        )
     }
     score, why = rows["(e) span corruption: the truncated length"]
-    assert score == 0 and reason in why and '\n' not in why
+    assert score == 0 and reason.format(timeout=timeout) in why and '\n' not in why
     assert rows["(g) SynthesizerAttention: eq. 11 with given weights"][0] == 4
 
 

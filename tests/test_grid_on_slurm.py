@@ -190,6 +190,7 @@ for i in range(30):
 """
 
 
+@pytest.mark.slow
 def test_processes_saving_one_record_at_once_keep_every_entry(tmp_path):
     path = tmp_path / 'grid.json'
     script = SAVES.format(tools=str(ROOT / 'tools'))
@@ -223,6 +224,7 @@ PARAMS_GRID = ['--pretrained', 'vanilla.params', '--methods', 'full', '--max_epo
                '--precision', 'fp32']  # fmt: skip
 
 
+@pytest.mark.slow
 def test_two_commands_on_one_outdir_keep_every_record(params):
     """The researcher's mistake that lost a record: `--seeds 0` and `--seeds 1` at once."""
     command = [PYTHON, str(ROOT / 'research' / 'grid.py'), *PARAMS_GRID, '--seeds']
@@ -252,6 +254,7 @@ def test_params_found_without_a_record_are_made_again(params, monkeypatch, capsy
     assert json.loads(path.read_text())['vanilla full s0']['dev_total'] == 4
 
 
+@pytest.mark.slow
 def test_a_pretraining_found_without_a_record_is_made_again(tiny, monkeypatch, capsys):
     monkeypatch.chdir(tiny)
     argv = ['--pretrain', 'vanilla', '--pretrain_max_epochs', '1', *TINY, '--outdir', 'p']

@@ -53,6 +53,7 @@ def test_the_probe_finds_a_line_and_nothing_where_there_is_none():
     assert 0.35 < analyze.auroc(score(x[test]).tolist(), noise[test]) < 0.65
 
 
+@pytest.mark.slow
 def test_the_command_writes_both_splits(params, capsys):
     rows = [r for path in ('train.tsv', 'dev.tsv') for r in analyze.read_questions(params / path)]
     exposure = [{'name': p, 'place': place, 'fraction_seen': 0.5 * (i % 2)}

@@ -31,12 +31,14 @@ def test_the_table_is_filled_from_the_commands_outputs(real_data, tmp_path):
     assert (out / 'vanilla.pretrain.dev.predictions').exists()
 
 
+@pytest.mark.slow
 def test_a_command_past_the_budget_is_cut_off(tmp_path):
-    m = measure_gpu.Measurement(tmp_path, budget=8)
+    m = measure_gpu.Measurement(tmp_path, budget=6)
     text, seconds, ok = m.run(
-        [sys.executable, '-c', 'print("started", flush=True); import time; time.sleep(30)'], 'slow'
+        [sys.executable, '-c', 'print("started", flush=True); import time; time.sleep(600)'],
+        'slow',
     )
-    assert not ok and 7 < seconds < 12 and 'started' in text
+    assert not ok and 5 < seconds < 300 and 'started' in text  # cut off, long before its end
     assert (tmp_path / 'slow.log').read_text() == text
     assert m.run([sys.executable, '-c', 'pass'], 'late') == ('', 0.0, False)  # no time left
 

@@ -14,7 +14,7 @@ import torch
 
 import run
 import trainer
-from conftest import CORRECT_LINE, PYTHON, ROOT, cli, main, on_cpu, wait_for
+from conftest import CORRECT_LINE, PYTHON, ROOT, cli, main
 from machinery import files
 
 
@@ -218,32 +218,6 @@ def test_same_seed_same_params_other_seed_other_params(tiny):
     assert not torch.equal(a['head.weight'], c['head.weight'])
 
 
-# bf16 runs 1 epoch: on a CPU without bf16 instructions its products are emulated, 20
-# times slower than fp32's, and a difference shows from the first step
-@pytest.mark.parametrize('precision, epochs', [('fp32', 6), ('bf16', 1)])
-@pytest.mark.slow
-def test_the_same_command_in_separate_processes_gives_the_same_params(tiny, precision, epochs):
-    """Each process lays out its memory differently; MKL's fp32 products (set up by
-    cpu_libraries) and everything else must give the same bits all the same."""
-    args = [
-        'pretrain',
-        'vanilla',
-        'wiki.txt',
-        '--max_epochs',
-        epochs,
-        '--batch_size',
-        8,
-        '--precision',
-        precision,
-    ]
-    runs = []
-    for i in range(3):
-        cli(*args, '--writing_params_path', f'{i}.params', cwd=tiny)
-        runs.append(torch.load(tiny / f'{i}.params', weights_only=True))
-    for other in runs[1:]:
-        assert all(torch.equal(runs[0][k], other[k]) for k in runs[0])
-
-
 def test_params_are_written_before_the_state_is_removed(tiny, monkeypatch, capsys):
     """Ctrl-C while the finished run writes its params: the resumable state is still there,
     the message says so, and --resume ends with the params of an uninterrupted run."""
@@ -284,6 +258,7 @@ def test_params_are_written_before_the_state_is_removed(tiny, monkeypatch, capsy
     assert not (tiny / 'resumed.params.resume').exists()
 
 
+@pytest.mark.slow
 def test_save_every_writes_the_params_a_shorter_run_ends_with(tiny, monkeypatch):
     """--save_every 2 of a 4-epoch run writes after epochs 2 and 4; the schedule does not
     depend on max_epochs, so epoch 2's file equals a 2-epoch run's params, and epoch 4's
@@ -327,42 +302,6 @@ def test_checkpoint_path_sorts_by_epoch():
         'out/v.pretrain.epoch050.params'
     )
     assert run.checkpoint_path('v.model', 10).format(epoch=3) == 'v.model.epoch03'
-
-
-@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
-@pytest.mark.slow
-def test_interrupted_cli_run_resumes_to_identical_params(tiny, signum):
-    """Ctrl-C or SIGTERM in the middle of an epoch (held there by hold_at_step.py, so that
-    the signal cannot come too late): the state is saved after that step, and --resume
-    ends with the params of an uninterrupted run."""
-    args = ['pretrain', 'vanilla', 'wiki.txt', '--max_epochs', 3, '--batch_size', 8,
-            '--precision', 'fp32']  # fmt: skip
-    # the uninterrupted run in this process: a command gives the same bits in any process
-    assert main(*args, '--writing_params_path', 'straight.params', cwd=tiny) == 0
-
-    process = subprocess.Popen(
-        [PYTHON, str(ROOT / 'tests' / 'hold_at_step.py'), '7', 'held', str(ROOT / 'src' / 'run.py'),
-         *on_cpu(args), '--writing_params_path', 'resumed.params'],
-        cwd=tiny, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    wait_for(tiny / 'held.0', process)
-    process.send_signal(signum)
-    _, err = process.communicate(timeout=60)
-    assert process.returncode == 130 and 'Traceback' not in err
-    # 5 steps an epoch (36 lines, batch 8): step 7 is step 2 of epoch 2
-    assert re.search(
-        r'interrupted at epoch 2, step 2; state saved to resumed.params.resume. '
-        r'To continue: python src/run.py pretrain .* --resume$',
-        err.strip(),
-    ), err
-    assert not (tiny / 'resumed.params').exists() and (tiny / 'resumed.params.resume').exists()
-
-    out = cli(*args, '--writing_params_path', 'resumed.params', '--resume', cwd=tiny).stdout
-    assert 'resuming from resumed.params.resume' in out
-    straight = torch.load(tiny / 'straight.params', weights_only=True)
-    resumed = torch.load(tiny / 'resumed.params', weights_only=True)
-    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
-    assert not (tiny / 'resumed.params.resume').exists()
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_state(tiny, monkeypatch, capsys):

@@ -1,6 +1,8 @@
 """Ctrl-C and SIGTERM stop the test suite within seconds, with pytest's interrupted summary:
 whether the test running is a training in pytest's own process (whose Stopper saves its
-state, then passes the stop on) or any other test."""
+state after the step under way, then passes the stop on) or any other test. A stop waits
+for at most one step, so the time allowed grows with the longest step measured: a slow
+or busy machine's steps are long, and its stop comes as late."""
 
 import os
 import re
@@ -35,8 +37,10 @@ def test_held_in_a_training(tiny):
     update = trainer.Trainer.update
 
     def marked_update(self, loss):
+        start = time.perf_counter()
         update(self, loss)
-        MARKER.touch()
+        with open(MARKER, 'a') as f:  # each step's seconds
+            f.write(f"{time.perf_counter() - start}\\n")
         time.sleep(0.05)
 
     trainer.Trainer.update = marked_update
@@ -46,7 +50,7 @@ def test_held_in_a_training(tiny):
 
 
 def test_held_asleep():
-    MARKER.touch()
+    MARKER.write_text("0\\n")  # no step to wait for
     time.sleep(300)
 
 
@@ -86,18 +90,22 @@ def test_a_stop_signal_ends_the_suite_within_seconds(tmp_path, held, signum):
         text=True,
         env={**os.environ, 'PYTHONPATH': env_path},
     )
-    deadline = time.time() + 120
-    while not (tmp_path / 'held').exists():
+    marker, deadline = tmp_path / 'held', time.time() + 300
+    while not (marker.exists() and marker.read_text().count('\n') >= 1):
         assert process.poll() is None and time.time() < deadline, process.communicate()[0]
         time.sleep(0.05)
     process.send_signal(signum)
     start = time.time()
     try:
-        output, _ = process.communicate(timeout=30)
+        output, _ = process.communicate(timeout=600)
     except subprocess.TimeoutExpired:
         process.kill()
-        pytest.fail(f"pytest still ran 30 s after {signum.name}: {process.communicate()[0]}")
-    assert time.time() - start < 10, output
+        pytest.fail(f"pytest still ran 600 s after {signum.name}: {process.communicate()[0]}")
+    seconds = time.time() - start
+    longest_step = max(float(line) for line in marker.read_text().split())
+    # the step under way, the state saved, and pytest's summary
+    allowed = 10 + 3 * longest_step
+    assert seconds < allowed, (seconds, longest_step, output)
     assert process.returncode == 2, output  # pytest's code for an interrupted run
     banner = re.search(r'^!+ (KeyboardInterrupt|Interrupted: stopped by SIG\w+) !+$', output, re.M)
     assert banner and banner.group(1) in (

@@ -108,6 +108,7 @@ def test_each_shape_holds_the_zips_files(ours, tmp_path, name):  # noqa: F811
 
 
 @pytest.mark.parametrize('name', ['loose files', 'the zip beside loose files'])
+@pytest.mark.slow
 def test_run_autograder_grades_a_shape_as_its_zip(ours, bundles, grader_python, tmp_path, name):  # noqa: E501,F811
     results = {}
     for upload in ('zip', name):

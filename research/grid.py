@@ -117,6 +117,11 @@ def parse_args(argv):
         help="each pretraining's epochs (run.py's --max_epochs; default: the handout's)",
     )
     argp.add_argument(
+        '--pretrain_batch_size',
+        type=run.positive(int),
+        help="each pretraining's batch (run.py's --batch_size; default: the handout's)",
+    )
+    argp.add_argument(
         '--jobs', type=run.positive(int), default=1,
         help="processes of pretraining at once, each on a GPU of its own where there are "
         "several (default 1)",
@@ -127,6 +132,7 @@ def parse_args(argv):
         "(machinery/shared_runs.py; default 1: each alone, as run.py)",
     )  # fmt: skip
     argp.add_argument('--max_epochs', type=run.positive(int), help="cap finetuning at this")
+    argp.add_argument('--batch_size', type=run.positive(int), help="default: run.py's")
     argp.add_argument('--finetune_lr', type=run.positive(float), help="default: run.py's")
     argp.add_argument('--lora_alpha', type=run.positive(float), help="default: run.py's")
     devices.add_arguments(argp)
@@ -215,7 +221,7 @@ def planned_runs(args, models=None):
 def overrides(args):
     """The flags passed on to every finetuning."""
     flags = []
-    for name in ('max_epochs', 'finetune_lr', 'lora_alpha'):
+    for name in ('max_epochs', 'batch_size', 'finetune_lr', 'lora_alpha'):
         if getattr(args, name) is not None:
             flags += [f'--{name}', str(getattr(args, name))]
     return flags + ['--precision', args.precision]
@@ -294,6 +300,8 @@ def pretraining_runs(args):
                     '--precision', args.precision]  # fmt: skip
             if args.pretrain_max_epochs:
                 argv += ['--max_epochs', str(args.pretrain_max_epochs)]
+            if args.pretrain_batch_size:
+                argv += ['--batch_size', str(args.pretrain_batch_size)]
             runs.append((f"{name} pretrain", out, {'model': name, 'pretrain': argv[1:]}, argv))
     return runs
 

@@ -484,3 +484,16 @@ def test_pretrainings_that_share_a_process_are_finetuned_as_any(tiny, monkeypatc
         record['vanilla.s0 pretrain']['final_loss'] != record['vanilla.s1 pretrain']['final_loss']
     )
     assert 'pretrain done: 2 steps' in (tiny / 'p' / 'vanilla.s0+1.pretrain.log').read_text()
+
+
+def test_batch_sizes_reach_the_pretraining_and_finetuning_commands():
+    """--pretrain_batch_size is each pretraining's --batch_size, --batch_size each
+    finetuning's; not given, the commands leave run.py's defaults (and their records) be."""
+    args = grid.parse_args([*PRETRAIN, '--pretrain_batch_size', '32', '--batch_size', '16'])
+    ((_, _, made_with, argv), *_) = grid.pretraining_runs(args)
+    assert argv[-2:] == ['--batch_size', '32'] and made_with['pretrain'] == argv[1:]
+    finetune = grid.overrides(args)
+    assert finetune[finetune.index('--batch_size') + 1] == '16'
+    plain = grid.parse_args(PRETRAIN)
+    assert all('--batch_size' not in argv for *_, argv in grid.pretraining_runs(plain))
+    assert '--batch_size' not in grid.overrides(plain)

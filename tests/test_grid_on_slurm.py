@@ -275,8 +275,28 @@ def test_every_flag_of_the_grid_reaches_its_jobs_or_is_the_clusters():
     which_runs = {'pretrain', 'pretrain_seeds', 'pretrained'}
     here_only = {'jobs', 'plot'}  # local processes; the picture, drawn by the command itself
     cluster = {name for name in vars(args) if name.startswith('slurm_')} | {'cluster'}
-    unset = {'pretrain_max_epochs', 'max_epochs', 'finetune_lr', 'lora_alpha'}  # None: left out
+    unset = {
+        'pretrain_max_epochs',
+        'pretrain_batch_size',
+        'max_epochs',
+        'batch_size',
+        'finetune_lr',
+        'lora_alpha',
+    }  # None: left out
     assert set(vars(args)) - passed == which_runs | here_only | cluster | unset
+    given = {
+        'pretrain_max_epochs': '2',
+        'pretrain_batch_size': '7',
+        'max_epochs': '3',
+        'batch_size': '4',
+        'finetune_lr': '0.5',
+        'lora_alpha': '16.0',
+    }
+    flags = [f'--{name}={value}' for name, value in given.items()]
+    argv = slurm_grid.common_argv(
+        grid.parse_args(['--pretrain', 'vanilla', '--precision', 'fp32', *flags])
+    )
+    assert {name: argv[argv.index(f'--{name}') + 1] for name in given} == given
 
 
 @pytest.mark.parametrize(

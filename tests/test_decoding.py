@@ -59,7 +59,7 @@ def test_evaluate_predictions_equal_plain_greedy_decoding(params):
             '--finetune_corpus_path',
             'train.tsv',
             '--max_epochs',
-            30,
+            10,
             '--batch_size',
             4,
             '--finetune_lr',

@@ -97,10 +97,14 @@ USER_ERRORS = [
 ]  # fmt: skip
 
 
-# compiled_gradients.py's lines come after torch's compiler loads: seconds each
+# each a process that loads torch, about 2 s: the handout's and the grid's commands in the
+# quick suite, the tools' in the slow checks
+QUICK_SCRIPTS = {'src/run.py', 'tools/reproduce.py', 'research/grid.py'}
+
+
 @pytest.mark.parametrize(
     'script, argv, inputs, line',
-    [pytest.param(*c, marks=pytest.mark.slow) if 'compiled' in c[0] else c for c in USER_ERRORS],
+    [c if c[0] in QUICK_SCRIPTS else pytest.param(*c, marks=pytest.mark.slow) for c in USER_ERRORS],
     ids=[c[0] for c in USER_ERRORS],
 )
 def test_every_script_ends_a_user_error_with_one_line_and_exit_status_2(

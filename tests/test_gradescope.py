@@ -3,7 +3,8 @@ Gradescope's tree (source/ the unpacked zip, submission/, results/) in a tempora
 with this virtual environment's Python: our submission, the zip collect_submission.sh
 makes, gets full marks; a textbook one with a planted mistake, uploaded as loose files,
 loses exactly its tests; an upload that cannot be graded gets a score of 0 and one line
-saying why. Every results.json is checked against Gradescope's format. The slow test runs
+saying why. Every results.json is checked against Gradescope's format. All but the teacher's
+command's errors are slow checks (the zips take seconds to make); one of them runs
 setup.sh's install step into a fresh virtual environment and grades with that."""
 
 import ast
@@ -220,6 +221,7 @@ def test_a_textbook_answer_with_a_mistake_loses_exactly_its_tests(
     assert len(results['tests']) == len(marking.tests_for('2021', False))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     'upload, reason',
     [
@@ -251,6 +253,7 @@ def test_an_upload_that_cannot_be_graded_gets_0_and_a_line(
     assert re.search(reason, results['output']) and '\n' not in results['output']
 
 
+@pytest.mark.slow
 def test_a_python_that_cannot_start_still_gives_results(bundles, tmp_path):
     root = gradescope_tree(tmp_path / 'autograder', bundles['2021'])
     results = run_autograder(root, venv=tmp_path / 'no-venv')

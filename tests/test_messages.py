@@ -303,9 +303,8 @@ return x, y
 '''
 
 
-@pytest.mark.parametrize(
-    'edition', [e if e == '2021' else pytest.param(e, marks=pytest.mark.slow) for e in EDITIONS]
-)  # each a starter written and run: 2021's in the quick suite
+@pytest.mark.slow  # each a starter written and its demo run, seconds each
+@pytest.mark.parametrize('edition', EDITIONS)
 def test_the_dataset_demo_names_the_line_it_cannot_show(tmp_path, real_data, edition):
     """In a fresh starter `python src/dataset.py charcorruption` says part e is not written
     yet; with a span corruption that fails on wiki.txt's empty last line, `--index -1`

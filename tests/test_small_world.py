@@ -98,6 +98,7 @@ def test_a_bad_knob_is_one_line(tmp_path, capsys, argv, error):
     assert stop.value.code == 2 and error in err.splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_the_handout_commands_and_the_part3_tools_run_on_a_world(tmp_path, capsys):
     world(tmp_path, '--seed', 2, *SMALL)
     corpus = ['world.txt']

@@ -103,7 +103,7 @@ def test_tokens_and_learning_rate_follow_the_original(tmp_path):
 
 
 def test_training_lowers_the_loss():
-    gpt, ds, config = tiny_setup(max_epochs=30, lr_decay=False)
+    gpt, ds, config = tiny_setup(max_epochs=10, lr_decay=False, learning_rate=3e-3)
     random.seed(0)
     x, y = trainer.Trainer(gpt, ds, None, config).batch(ds, 0)
     with torch.no_grad():

@@ -201,18 +201,27 @@ def write(path, text, encoding='utf-8'):
     return path.name
 
 
-@pytest.fixture
-def params(tiny):
-    """tiny, with {variant}.params: an untrained model of each variant for its corpus (the
-    perceiver's with --bottleneck_dim 64)."""
+@pytest.fixture(scope='session')
+def untrained_params(tmp_path_factory):
+    """{variant}.params of an untrained model of each variant for tiny's corpus (the
+    perceiver's with --bottleneck_dim 64), made once: a hundred tests copy them."""
     import dataset
     import run
 
-    ds = dataset.CharCorruptionDataset((tiny / 'wiki.txt').read_text(encoding='utf-8'), 128)
+    folder = tmp_path_factory.mktemp('untrained')
+    ds = dataset.CharCorruptionDataset(tiny_corpus()[0], 128)
     for variant in ('vanilla', 'synthesizer', 'rope', 'perceiver'):
         torch.manual_seed(0)
         gpt = run.new_model(variant, ds.vocab_size, 64)
-        torch.save(gpt.state_dict(), tiny / f'{variant}.params')
+        torch.save(gpt.state_dict(), folder / f'{variant}.params')
+    return folder
+
+
+@pytest.fixture
+def params(tiny, untrained_params):
+    """tiny, with {variant}.params: an untrained model of each variant for its corpus."""
+    for path in untrained_params.iterdir():
+        shutil.copy(path, tiny / path.name)
     return tiny
 
 

@@ -1,11 +1,20 @@
 """Every accuracy we publish, recomputed from the committed prediction files: README's
-reference table from results/*.dev.predictions, and each grid (results/*/grid.json): its
-grid.md is the table of its record, and every run whose dev predictions are committed
-beside it scores what the record says."""
+reference table from results/*.dev.predictions, and each grid (results/*/grid.json, and a
+small world's, under results/small_world/WORLD/): its grid.md is the table of its
+record, and every run whose dev predictions are committed beside it scores what the
+record says; results/README.md's small-world frontier from its grids, predictions,
+cloze reports and pretraining logs."""
+
+import argparse
+import csv
+import json
+import re
+from pathlib import Path
 
 import pytest
 
 import grid
+import small_world
 import utils
 from conftest import NO_DATA, ROOT
 
@@ -20,7 +29,9 @@ REFERENCE_ROWS = {
     'RoPE, pretrain + finetune (2024)': 'rope.pretrain',
     'perceiver, pretrain + finetune (2023, m=64)': 'perceiver.pretrain',
 }
-GRIDS = sorted(ROOT.glob('results/*/grid.json'))
+SMALL_WORLD = ROOT / 'results' / 'small_world'
+GRIDS = sorted(ROOT.glob('results/*/grid.json')) + sorted(SMALL_WORLD.glob('*/**/grid.json'))
+GRID_IDS = [str(p.parent.relative_to(ROOT / 'results')) for p in GRIDS]
 
 
 def dev_correct(predictions):
@@ -50,17 +61,24 @@ def test_readmes_reference_results_are_their_predictions():
         assert table[row] == f"{100 * correct / total:.1f}% ({correct}/{total})", row
 
 
-@pytest.mark.parametrize('path', GRIDS, ids=[p.parent.name for p in GRIDS])
+@pytest.mark.parametrize('path', GRIDS, ids=GRID_IDS)
 def test_a_grids_table_is_its_record(path):
     record = grid.records.read_record(str(path))
     assert (path.parent / 'grid.md').read_text(encoding='utf-8') == grid.table(record)
 
 
-@NEEDS_DATA
-@pytest.mark.parametrize('path', GRIDS, ids=[p.parent.name for p in GRIDS])
+@pytest.mark.parametrize('path', GRIDS, ids=GRID_IDS)
 def test_each_committed_grid_run_scores_what_its_record_says(path):
     """results/grid keeps no predictions (its runs' params stayed on the machine that ran
-    them); a grid that keeps any, as results/seeds does, keeps them for every run."""
+    them); a grid that keeps any, as results/seeds does, keeps them for every run. A grid
+    of a small world was evaluated on its world's held-out questions (WORLD/heldout.tsv),
+    the others on data/birth_dev.tsv."""
+    if SMALL_WORLD in path.parents:
+        questions = next(p / 'heldout.tsv' for p in path.parents if (p / 'heldout.tsv').exists())
+    elif DEV.exists():
+        questions = DEV
+    else:
+        pytest.skip(NO_DATA)
     record = grid.records.read_record(str(path))
     runs = [entry for entry in record.values() if entry.get('dev_total')]
     kept = {}
@@ -73,4 +91,97 @@ def test_each_committed_grid_run_scores_what_its_record_says(path):
     for prefix in files:
         entry = kept[prefix]
         predictions = open(prefix + '.dev.predictions', encoding='utf-8').read().splitlines()
-        assert dev_correct(predictions) == (entry['dev_correct'], entry['dev_total']), prefix
+        total, correct = utils.evaluate_places(str(questions), predictions)
+        assert (int(correct), int(total)) == (entry['dev_correct'], entry['dev_total']), prefix
+
+
+def correct_of(predictions_path, questions_path):
+    predictions = predictions_path.read_text(encoding='utf-8').splitlines()
+    total, correct = utils.evaluate_places(str(questions_path), predictions)
+    return f"{int(correct)}/{int(total)}"
+
+
+def everyone(bands, probe):
+    """The share right in a cloze probe over all of a report's exposure bands."""
+    people = sum(band['people'] for band in bands.values())
+    return sum(band['people'] * band[probe] for band in bands.values()) / people
+
+
+def epochs(entry):
+    """The pretraining epochs of a frontier grid's model: 0 for VARIANT.untrained."""
+    found = re.search(r'epoch(\d+)$', entry['made_with']['model'])
+    return int(found[1]) if found else 0
+
+
+def frontier_rows(world):
+    """results/README.md's rows for one world's grids (WORLD/VARIANT/grid.json): the
+    untrained model (the floor) and each pretraining checkpoint, with the cloze probe of
+    the held-out people before finetuning, their answers after it, and the finetuning
+    people's recalled."""
+    rows = []
+    for folder in sorted(p.parent for p in world.glob('*/grid.json')):
+        record = grid.records.read_record(str(folder / 'grid.json'))
+        steps = list(csv.DictReader(open(folder / 'pretrain.metrics.csv', encoding='utf-8')))
+        for entry in sorted(record.values(), key=epochs):
+            model = entry['made_with']['model']  # VARIANT.untrained, VARIANT.pretrain.epochNNN
+            variant, epoch = model.split('.')[0], epochs(entry)
+            if epoch:
+                losses = [float(row['loss']) for row in steps if int(row['epoch']) == epoch]
+                last = [row for row in steps if int(row['epoch']) == epoch][-1]
+                minutes = float(last['seconds']) / 60
+                pretrained = f"{epoch} | {last['step']} | {minutes:.1f} min | {sum(losses) / len(losses):.2f}"
+                cloze = json.loads((folder / f'{model}.cloze.json').read_text())['bands']
+            else:  # the floor: the cloze reports' untrained model, initialised as the checkpoints'
+                pretrained = '0 | 0 | - | -'
+                first = sorted(folder.glob('*.cloze.json'))[0]
+                cloze = json.loads(first.read_text())['untrained']['bands']
+            probes = ' | '.join(f"{100 * everyone(cloze, k):.0f}%" for k in ('document', 'name'))
+            prefix = grid.output_prefix(str(folder), model, 'full', 0)
+            heldout = correct_of(Path(prefix + '.dev.predictions'), world / 'heldout.tsv')
+            recalled = correct_of(Path(prefix + '.recall.predictions'), world / 'finetune.tsv')
+            rows.append(
+                f"| {world.name} | {variant} | {pretrained} | {probes} | {heldout} | {recalled} |"
+            )
+    return rows
+
+
+@pytest.mark.parametrize(
+    'world', sorted(SMALL_WORLD.glob('*/world.json')), ids=lambda p: p.parent.name
+)
+def test_a_published_world_is_what_its_knobs_make(world):
+    """Each world's committed files, made again from the knobs its record holds."""
+    knobs = json.loads(world.read_text(encoding='utf-8'))['knobs']
+    made = small_world.make_world(argparse.Namespace(outdir=None, **knobs))
+    for name in ('world.json', 'finetune.tsv', 'heldout.tsv'):
+        assert (world.parent / name).read_text(encoding='utf-8') == made[name], name
+
+
+def finetuning_rows(world):
+    """results/README.md's rows for the other finetunings of one checkpoint
+    (WORLD/finetuning/SETTING/grid.json): setting, method, held-out people right."""
+    rows = []
+    for path in sorted(world.glob('finetuning/*/grid.json')):
+        record = grid.records.read_record(str(path))
+        for entry in record.values():
+            made = entry['made_with']
+            prefix = grid.output_prefix(
+                str(path.parent), made['model'], made['method'], made['seed']
+            )
+            heldout = correct_of(Path(prefix + '.dev.predictions'), world / 'heldout.tsv')
+            rows.append(
+                f"| {world.name} | {made['model']} | {path.parent.name} | {made['method']} | {heldout} |"
+            )
+    return rows
+
+
+@pytest.mark.parametrize(
+    'heading, rows',
+    [('## The frontier: one seed', frontier_rows), ('## Other finetunings', finetuning_rows)],
+)
+def test_a_small_world_table_is_its_runs(heading, rows):
+    text = (ROOT / 'results' / 'README.md').read_text(encoding='utf-8')
+    section = text.split(heading)[1].split('\n#')[0]
+    published = [line for line in section.splitlines() if line.startswith('| p')]
+    worlds = sorted(p for p in SMALL_WORLD.iterdir() if (p / 'heldout.tsv').exists())
+    expected = [row for world in worlds for row in rows(world)]
+    assert published == expected, "\n".join(expected)

@@ -10,6 +10,7 @@ import pytest
 
 import cloze
 import exposure
+import grid
 import small_world
 from conftest import main
 
@@ -133,3 +134,25 @@ def test_the_handout_commands_and_the_part3_tools_run_on_a_world(tmp_path, capsy
                     '--json', 'w.cloze.json', '--device', 'cpu'])  # fmt: skip
     made = json.loads((tmp_path / 'w.cloze.json').read_text())
     assert [r['person'] for r in made['records']] == [p['name'] for p in heldout]
+
+
+@pytest.mark.slow
+def test_grid_runs_a_worlds_grid(tmp_path, monkeypatch):
+    """docs/research.md's grid of a world, at one epoch: each run is scored on the
+    held-out people."""
+    world(tmp_path, '--seed', 3, *SMALL)
+    monkeypatch.chdir(tmp_path)
+    grid.main(['--pretrain', 'vanilla', '--pretrain_seeds', '0', '1', '--seeds', '0',
+               '--pretrain_corpus_path', 'world.txt', '--finetune_corpus_path', 'finetune.tsv',
+               '--eval_corpus_path', 'heldout.tsv', '--test_corpus_path', 'test_inputs.tsv',
+               '--pretrain_max_epochs', '1', '--pretrain_batch_size', '16', '--max_epochs', '1',
+               '--batch_size', '16', '--finetune_lr', '3e-3', '--device', 'cpu',
+               '--outdir', 'grid'])  # fmt: skip
+    heldout = (tmp_path / 'heldout.tsv').read_text().splitlines()
+    record = grid.records.read_record(str(tmp_path / 'grid' / 'grid.json'))
+    runs = [entry for entry in record.values() if 'dev_total' in entry]
+    assert sorted(r['made_with']['model'] for r in runs) == ['vanilla.s0', 'vanilla.s1']
+    for run in runs:
+        assert run['dev_total'] == len(heldout)
+        assert run['made_with']['finetune'][1] == 'world.txt'
+        assert 'finetune.tsv' in run['made_with']['finetune']

@@ -34,8 +34,8 @@ GRIDS = sorted(ROOT.glob('results/*/grid.json')) + sorted(SMALL_WORLD.glob('*/**
 GRID_IDS = [str(p.parent.relative_to(ROOT / 'results')) for p in GRIDS]
 
 
-def dev_correct(predictions):
-    total, correct = utils.evaluate_places(str(DEV), predictions)
+def dev_correct(predictions, questions=DEV):
+    total, correct = utils.evaluate_places(str(questions), predictions)
     return int(correct), int(total)
 
 
@@ -91,14 +91,14 @@ def test_each_committed_grid_run_scores_what_its_record_says(path):
     for prefix in files:
         entry = kept[prefix]
         predictions = open(prefix + '.dev.predictions', encoding='utf-8').read().splitlines()
-        total, correct = utils.evaluate_places(str(questions), predictions)
-        assert (int(correct), int(total)) == (entry['dev_correct'], entry['dev_total']), prefix
+        assert dev_correct(predictions, questions) == (entry['dev_correct'], entry['dev_total']), (
+            prefix
+        )
 
 
 def correct_of(predictions_path, questions_path):
     predictions = predictions_path.read_text(encoding='utf-8').splitlines()
-    total, correct = utils.evaluate_places(str(questions_path), predictions)
-    return f"{int(correct)}/{int(total)}"
+    return '/'.join(map(str, dev_correct(predictions, questions_path)))
 
 
 def everyone(bands, probe):
@@ -126,10 +126,11 @@ def frontier_rows(world):
             model = entry['made_with']['model']  # VARIANT.untrained, VARIANT.pretrain.epochNNN
             variant, epoch = model.split('.')[0], epochs(entry)
             if epoch:
-                losses = [float(row['loss']) for row in steps if int(row['epoch']) == epoch]
-                last = [row for row in steps if int(row['epoch']) == epoch][-1]
+                in_epoch = [row for row in steps if int(row['epoch']) == epoch]
+                loss = sum(float(row['loss']) for row in in_epoch) / len(in_epoch)
+                last = in_epoch[-1]
                 minutes = float(last['seconds']) / 60
-                pretrained = f"{epoch} | {last['step']} | {minutes:.1f} min | {sum(losses) / len(losses):.2f}"
+                pretrained = f"{epoch} | {last['step']} | {minutes:.1f} min | {loss:.2f}"
                 cloze = json.loads((folder / f'{model}.cloze.json').read_text())['bands']
             else:  # the floor: the cloze reports' untrained model, initialised as the checkpoints'
                 pretrained = '0 | 0 | - | -'

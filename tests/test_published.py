@@ -2,7 +2,7 @@
 reference table from results/*.dev.predictions, and each grid (results/*/grid.json, and a
 small world's, under results/small_world/WORLD/): its grid.md is the table of its
 record, and every run whose dev predictions are committed beside it scores what the
-record says; results/README.md's small-world frontier from its grids, predictions,
+record says; results/README.md's small-world tables from their grids, predictions,
 cloze reports and pretraining logs."""
 
 import argparse
@@ -17,6 +17,7 @@ import grid
 import small_world
 import utils
 from conftest import NO_DATA, ROOT
+from machinery.finetune_methods import LEARNING_RATES
 
 DEV = ROOT / 'data' / 'birth_dev.tsv'
 NEEDS_DATA = pytest.mark.skipif(not DEV.exists(), reason=NO_DATA)
@@ -113,6 +114,28 @@ def epochs(entry):
     return int(found[1]) if found else 0
 
 
+def checkpoint_cells(pretraining, entry):
+    """The cells of a finetuned model's pretraining: epochs, steps, the pretraining's time
+    and mean loss at that epoch, and the cloze probes of the held-out people before
+    finetuning, from the pretraining's folder (pretrain.metrics.csv, MODEL.cloze.json)."""
+    model = entry['made_with']['model']  # VARIANT.untrained, VARIANT.pretrain.epochNNN
+    epoch = epochs(entry)
+    if epoch:
+        steps = csv.DictReader(open(pretraining / 'pretrain.metrics.csv', encoding='utf-8'))
+        in_epoch = [row for row in steps if int(row['epoch']) == epoch]
+        loss = sum(float(row['loss']) for row in in_epoch) / len(in_epoch)
+        last = in_epoch[-1]
+        minutes = float(last['seconds']) / 60
+        pretrained = f"{epoch} | {last['step']} | {minutes:.1f} min | {loss:.2f}"
+        cloze = json.loads((pretraining / f'{model}.cloze.json').read_text())['bands']
+    else:  # the floor: the cloze reports' untrained model, initialised as the checkpoints'
+        pretrained = '0 | 0 | - | -'
+        first = sorted(pretraining.glob('*.cloze.json'))[0]
+        cloze = json.loads(first.read_text())['untrained']['bands']
+    probes = ' | '.join(f"{100 * everyone(cloze, k):.0f}%" for k in ('document', 'name'))
+    return f"{model.split('.')[0]} | {pretrained} | {probes}"
+
+
 def frontier_rows(world):
     """results/README.md's rows for one world's grids (WORLD/VARIANT/grid.json): the
     untrained model (the floor) and each pretraining checkpoint, with the cloze probe of
@@ -121,29 +144,74 @@ def frontier_rows(world):
     rows = []
     for folder in sorted(p.parent for p in world.glob('*/grid.json')):
         record = grid.records.read_record(str(folder / 'grid.json'))
-        steps = list(csv.DictReader(open(folder / 'pretrain.metrics.csv', encoding='utf-8')))
         for entry in sorted(record.values(), key=epochs):
-            model = entry['made_with']['model']  # VARIANT.untrained, VARIANT.pretrain.epochNNN
-            variant, epoch = model.split('.')[0], epochs(entry)
-            if epoch:
-                in_epoch = [row for row in steps if int(row['epoch']) == epoch]
-                loss = sum(float(row['loss']) for row in in_epoch) / len(in_epoch)
-                last = in_epoch[-1]
-                minutes = float(last['seconds']) / 60
-                pretrained = f"{epoch} | {last['step']} | {minutes:.1f} min | {loss:.2f}"
-                cloze = json.loads((folder / f'{model}.cloze.json').read_text())['bands']
-            else:  # the floor: the cloze reports' untrained model, initialised as the checkpoints'
-                pretrained = '0 | 0 | - | -'
-                first = sorted(folder.glob('*.cloze.json'))[0]
-                cloze = json.loads(first.read_text())['untrained']['bands']
-            probes = ' | '.join(f"{100 * everyone(cloze, k):.0f}%" for k in ('document', 'name'))
-            prefix = grid.output_prefix(str(folder), model, 'full', 0)
+            prefix = grid.output_prefix(str(folder), entry['made_with']['model'], 'full', 0)
             heldout = correct_of(Path(prefix + '.dev.predictions'), world / 'heldout.tsv')
             recalled = correct_of(Path(prefix + '.recall.predictions'), world / 'finetune.tsv')
-            rows.append(
-                f"| {world.name} | {variant} | {pretrained} | {probes} | {heldout} | {recalled} |"
-            )
+            cells = checkpoint_cells(folder, entry)
+            rows.append(f"| {world.name} | {cells} | {heldout} | {recalled} |")
     return rows
+
+
+def heldout_correct(world, folder, entries):
+    """The held-out people right ('N/TOTAL') of each of a model's grid runs, seed by seed."""
+    right = []
+    for entry in sorted(entries, key=lambda entry: entry['made_with']['seed']):
+        made = entry['made_with']
+        prefix = grid.output_prefix(str(folder), made['model'], made['method'], made['seed'])
+        right.append(correct_of(Path(prefix + '.dev.predictions'), world / 'heldout.tsv'))
+    return right
+
+
+def finetuning_rows(world):
+    """results/README.md's rows for the other finetunings of a world's last checkpoints
+    (WORLD/finetuning/SETTING/grid.json): checkpoint, setting, method, and the held-out
+    people right for each finetuning seed."""
+    rows = []
+    for path in sorted(world.glob('finetuning/*/grid.json')):
+        runs = {}  # (model, method): its entries, seed by seed
+        for entry in grid.records.read_record(str(path)).values():
+            made = entry['made_with']
+            runs.setdefault((made['model'], made['method']), []).append(entry)
+        for (model, method), entries in runs.items():
+            heldout = ', '.join(heldout_correct(world, path.parent, entries))
+            rows.append(f"| {world.name} | {model} | {path.parent.name} | {method} | {heldout} |")
+    return rows
+
+
+def finetuning_setting(world, entry):
+    """(finetuning people, epochs, learning rate) of a grid run, from its finetuning
+    command: all of the world's finetune.tsv, or its first N (finetuneN.tsv)."""
+    argv = entry['made_with']['finetune']
+    flag = lambda name, default: argv[argv.index(name) + 1] if name in argv else default  # noqa: E731
+    first = re.search(r'finetune(\d+)\.tsv$', flag('--finetune_corpus_path', ''))
+    everyone = len((world / 'finetune.tsv').read_text(encoding='utf-8').splitlines())
+    people = int(first[1]) if first else everyone
+    lr = flag('--finetune_lr', LEARNING_RATES[entry['made_with']['method']])  # run.py's default
+    return people, int(flag('--max_epochs', 0)), float(lr)
+
+
+def people_rows(world):
+    """results/README.md's rows for a world's checkpoints finetuned on some or all of its
+    finetuning people (WORLD/VARIANT/SETTING/grid.json, the pretraining's files in
+    WORLD/VARIANT): the pretraining's cells, the finetuning, and the held-out people right
+    for each finetuning seed."""
+    rows = []
+    for path in world.glob('*/*/grid.json'):
+        if not (path.parent.parent / 'pretrain.metrics.csv').exists():
+            continue  # WORLD/finetuning/SETTING: other finetunings of one checkpoint
+        runs = {}  # the model: its entries, seed by seed
+        for entry in grid.records.read_record(str(path)).values():
+            runs.setdefault(entry['made_with']['model'], []).append(entry)
+        for entries in runs.values():
+            heldout = heldout_correct(world, path.parent, entries)
+            people, max_epochs, lr = finetuning_setting(world, entries[0])
+            cells = checkpoint_cells(path.parent.parent, entries[0])
+            setting = f"{max_epochs} epochs, lr {lr:g}"
+            row = f"| {world.name} | {cells} | {people} | {setting} | {', '.join(heldout)} |"
+            order = (path.parent.parent.name, people, max_epochs, epochs(entries[0]))
+            rows.append((order, row))
+    return [row for _, row in sorted(rows)]
 
 
 @pytest.mark.parametrize(
@@ -157,27 +225,13 @@ def test_a_published_world_is_what_its_knobs_make(world):
         assert (world.parent / name).read_text(encoding='utf-8') == made[name], name
 
 
-def finetuning_rows(world):
-    """results/README.md's rows for the other finetunings of one checkpoint
-    (WORLD/finetuning/SETTING/grid.json): setting, method, held-out people right."""
-    rows = []
-    for path in sorted(world.glob('finetuning/*/grid.json')):
-        record = grid.records.read_record(str(path))
-        for entry in record.values():
-            made = entry['made_with']
-            prefix = grid.output_prefix(
-                str(path.parent), made['model'], made['method'], made['seed']
-            )
-            heldout = correct_of(Path(prefix + '.dev.predictions'), world / 'heldout.tsv')
-            rows.append(
-                f"| {world.name} | {made['model']} | {path.parent.name} | {made['method']} | {heldout} |"
-            )
-    return rows
-
-
 @pytest.mark.parametrize(
     'heading, rows',
-    [('## The frontier: one seed', frontier_rows), ('## Other finetunings', finetuning_rows)],
+    [
+        ('## The frontier: one seed', frontier_rows),
+        ('## Other finetunings', finetuning_rows),
+        ("## Finetuned at the handout's learning rate", people_rows),
+    ],
 )
 def test_a_small_world_table_is_its_runs(heading, rows):
     text = (ROOT / 'results' / 'README.md').read_text(encoding='utf-8')

@@ -146,7 +146,7 @@ def test_grid_runs_a_worlds_grid(tmp_path, monkeypatch):
                '--pretrain_corpus_path', 'world.txt', '--finetune_corpus_path', 'finetune.tsv',
                '--eval_corpus_path', 'heldout.tsv', '--test_corpus_path', 'test_inputs.tsv',
                '--pretrain_max_epochs', '1', '--pretrain_batch_size', '16', '--max_epochs', '1',
-               '--batch_size', '16', '--finetune_lr', '3e-3', '--device', 'cpu',
+               '--batch_size', '16', '--device', 'cpu',
                '--outdir', 'grid'])  # fmt: skip
     heldout = (tmp_path / 'heldout.tsv').read_text().splitlines()
     record = grid.records.read_record(str(tmp_path / 'grid' / 'grid.json'))

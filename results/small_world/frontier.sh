@@ -4,7 +4,8 @@
 # the world's finetuning people and evaluated on its held-out people by grid.py, the same
 # finetuned params asked the finetuning people again (recall), and the cloze probe of the
 # held-out people on each checkpoint before finetuning, with over_pretraining.py's figure of
-# it. Then three other finetunings of the last vanilla checkpoint of the paraphrased world.
+# it. Then three other finetunings of the last vanilla checkpoint of the paraphrased world,
+# and every checkpoint finetuned at the handout's learning rate (6e-4) for 30 epochs.
 # About 25 minutes of the 2-core CPU per pretraining with its evaluations.
 #
 #     setsid nohup nice bash results/small_world/frontier.sh >> longrun/small_world.log 2>&1 < /dev/null &
@@ -70,6 +71,16 @@ finetuned "$W" "$W/ft_vanilla_120_epochs_each_default_lr" --pretrained "$C" --me
 finetuned "$W" "$W/ft_vanilla_20_epochs_lr_3e-3" --pretrained "$C" --max_epochs 20 --finetune_lr 3e-3
 finetuned "$W" "$W/ft_vanilla_30_epochs_lr_6e-4" --pretrained "$C" --max_epochs 30
 
+# every checkpoint and the floor finetuned at the handout's learning rate (6e-4) for 30 epochs,
+# the last checkpoint and the floor with three finetuning seeds: the finetuning that reached the
+# held-out people of a larger world (more_people.sh)
+for run in "rope p4" "vanilla p1" "vanilla p4"; do
+    set -- $run; V=$1 W=$OUT/$2
+    finetuned "$W" "$W/handout_lr_$V" --pretrained "$W/$V.pretrain.epoch100.params" "$W/$V.untrained.params" \
+        --max_epochs 30 --seeds 0 1 2
+    finetuned "$W" "$W/handout_lr_$V" --pretrained "$W/$V".pretrain.epoch0[2468]0.params --max_epochs 30
+done
+
 # what the tables are computed from
 for world in p4 p1; do
     mkdir -p "results/small_world/$world"
@@ -85,5 +96,10 @@ for world in p4 p1; do
 done
 for g in "$OUT"/p4/ft_vanilla_*/; do
     g=${g%/}; d=results/small_world/p4/finetuning/${g##*ft_vanilla_}; mkdir -p "$d"
+    cp "$g"/grid.{json,md,csv} "$g"/*.dev.predictions "$d/"
+done
+for g in "$OUT"/p[14]/handout_lr_*/; do
+    g=${g%/}; w=${g%/*}; d=results/small_world/${w##*/}/${g##*handout_lr_}/30_epochs_lr_6e-4
+    mkdir -p "$d"
     cp "$g"/grid.{json,md,csv} "$g"/*.dev.predictions "$d/"
 done

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The small world with more finetuning people (issue 92). One world of 240 people (180
+# finetuning, 60 held out; 16 documents each cycling through 4 paraphrases), one RoPE
+# pretraining (seed 0, 80 epochs, params every 20); its last checkpoint and the untrained model
+# finetuned on the first 30, 60, 120 and all 180 finetuning people, at the handout's learning
+# rate (6e-4) for 30 epochs with three seeds and at the frontier's 3e-3 for 120 epochs; every
+# checkpoint finetuned on all 180 at 6e-4; each asked the same 60 held-out people. Then the
+# cloze probe of each checkpoint and over_pretraining.py's figure. About 2 hours of the
+# 2-core CPU, one of them the pretraining.
+#
+#     setsid nohup nice bash results/small_world/more_people.sh >> longrun/more_people.log 2>&1 < /dev/null &
+#
+# It writes into longrun/more_people (ignored), then copies what results/README.md's table is
+# computed from into results/small_world/people240/rope/ (tests/test_published.py recomputes it).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-$ROOT/longrun/more_people}
+cd "$ROOT"
+py=${PYTHON:-python}
+V=rope W=$OUT/people240
+
+$py research/small_world.py --seed 0 --outdir "$W" --people 240 --documents 16 --paraphrases 4 \
+    --attributes 0 --finetune_share 0.75
+for k in 30 60 120; do head -n $k "$W/finetune.tsv" > "$W/finetune$k.tsv"; done
+cp "$W/finetune.tsv" "$W/finetune180.tsv"
+
+finetuned() {  # PEOPLE GRID_FOLDER PARAMS... [grid.py flags]: finetune on the first PEOPLE, ask the held-out
+    local k=$1 G=$2; shift 2
+    $py research/grid.py --pretrain_corpus_path "$W/world.txt" --finetune_corpus_path "$W/finetune$k.tsv" \
+        --eval_corpus_path "$W/heldout.tsv" --test_corpus_path "$W/test_inputs.tsv" \
+        --batch_size 16 --outdir "$G" "$@"
+}
+
+[ -f "$W/$V.pretrain.params" ] || $py src/run.py pretrain $V "$W/world.txt" --writing_params_path "$W/$V.pretrain.params" \
+    --max_epochs 80 --batch_size 32 --save_every 20 --edition 2021 --seed 0
+$py research/exposure.py --params "$W/$V.pretrain.params" --pretrain_corpus_path "$W/world.txt" \
+    --people "$W/finetune.tsv" "$W/heldout.tsv" --finetune_corpus_path "$W/finetune.tsv" \
+    --json "$W/$V.exposure.json"
+$py research/untrained.py $V "$W/world.txt" --seed 0 --edition 2021 --writing_params_path "$W/$V.untrained.params"
+
+last=$W/$V.pretrain.epoch80.params
+floor=$W/$V.untrained.params
+# the frontier's finetuning (120 epochs at 3e-3), then the handout's learning rate for 30 epochs
+finetuned 180 "$W/grid_180" --pretrained "$last" "$floor" --max_epochs 120 --finetune_lr 3e-3
+for k in 180 30 60 120; do
+    finetuned $k "$W/grid_${k}_30_epochs_lr_6e-4" --pretrained "$last" "$floor" --max_epochs 30 --seeds 0 1 2
+done
+finetuned 180 "$W/grid_180_30_epochs_lr_6e-4" --pretrained "$W/$V".pretrain.epoch[246]0.params --max_epochs 30
+for k in 30 60 120; do
+    finetuned $k "$W/grid_$k" --pretrained "$last" "$floor" --max_epochs 120 --finetune_lr 3e-3
+done
+
+# the cloze probes of each checkpoint beside what the handout's finetuning on all 180 reached
+for c in "$W/$V".pretrain.epoch*.params; do
+    m=$(basename "${c%.params}")
+    $py research/cloze.py "$c" --eval_corpus_path "$W/heldout.tsv" --pretrain_corpus_path "$W/world.txt" \
+        --finetune_corpus_path "$W/finetune.tsv" --exposure "$W/$V.exposure.json" \
+        --finetuned "$W/grid_180_30_epochs_lr_6e-4/$m.full.s0.dev.predictions" --json "${c%.params}.cloze.json"
+done
+$py research/over_pretraining.py "$W/$V".pretrain.epoch*.cloze.json \
+    --metrics "$W/$V.pretrain.params.metrics.csv" --plot "$W/$V.knowledge.png"
+
+# what the table is computed from
+d=results/small_world/people240
+mkdir -p "$d/$V"
+cp "$W"/{world.json,finetune.tsv,heldout.tsv} "$d/"
+cp "$W/$V".pretrain.epoch*.cloze.json "$d/$V/"
+cp "$W/$V.pretrain.params.metrics.csv" "$d/$V/pretrain.metrics.csv"
+cp "$W/$V.knowledge.png" "$d/$V/knowledge.png"
+for g in "$W"/grid_*/; do
+    g=${g%/}; s=$d/$V/${g##*grid_}; mkdir -p "$s"
+    cp "$g"/grid.{json,md,csv} "$g"/*.dev.predictions "$s/"
+done

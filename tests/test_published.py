@@ -7,6 +7,7 @@ cloze reports and pretraining logs."""
 
 import argparse
 import csv
+import functools
 import json
 import re
 from pathlib import Path
@@ -114,6 +115,15 @@ def epochs(entry):
     return int(found[1]) if found else 0
 
 
+@functools.cache
+def steps_by_epoch(pretraining):
+    """{epoch: its rows} of a pretraining's pretrain.metrics.csv, read once per folder."""
+    by_epoch = {}
+    for row in csv.DictReader(open(pretraining / 'pretrain.metrics.csv', encoding='utf-8')):
+        by_epoch.setdefault(int(row['epoch']), []).append(row)
+    return by_epoch
+
+
 def checkpoint_cells(pretraining, entry):
     """The cells of a finetuned model's pretraining: epochs, steps, the pretraining's time
     and mean loss at that epoch, and the cloze probes of the held-out people before
@@ -121,8 +131,7 @@ def checkpoint_cells(pretraining, entry):
     model = entry['made_with']['model']  # VARIANT.untrained, VARIANT.pretrain.epochNNN
     epoch = epochs(entry)
     if epoch:
-        steps = csv.DictReader(open(pretraining / 'pretrain.metrics.csv', encoding='utf-8'))
-        in_epoch = [row for row in steps if int(row['epoch']) == epoch]
+        in_epoch = steps_by_epoch(pretraining)[epoch]
         loss = sum(float(row['loss']) for row in in_epoch) / len(in_epoch)
         last = in_epoch[-1]
         minutes = float(last['seconds']) / 60

@@ -60,6 +60,11 @@ def test_the_commit_counts_new_code_as_a_change_and_outputs_not(tmp_path):
     (tmp_path / 'out').mkdir()
     (tmp_path / 'out' / 'results.json').write_text('{}')  # an output, not code
     assert records.commit(tmp_path) == head
+    git('add', 'out/results.json')
+    git('-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-qm', 'results')
+    head = records.commit(tmp_path)
+    (tmp_path / 'out' / 'results.json').write_text('{"more": 1}')  # a tracked output rewritten
+    assert records.commit(tmp_path) == head
     (tmp_path / 'src').mkdir()
     (tmp_path / 'src' / 'new_variant.py').write_text('x = 1\n')
     assert records.commit(tmp_path) == head + '+changes'

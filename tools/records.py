@@ -157,10 +157,14 @@ def flag_values(argv):
     return values
 
 
+OUTPUT_SUFFIXES = ('.json', '.csv', '.md', '.predictions', '.png')
+
+
 def commit(folder=None):
     """The code's git commit (with '+changes' when the code differs from it: a changed
     file, or a new Python file that git does not ignore, such as a module not yet added;
-    new outputs are not changes), or None. folder: this file's repository by default."""
+    outputs, new or tracked ones rewritten, such as a grid's grid.json, are not changes),
+    or None. folder: this file's repository by default."""
     here = folder or os.path.dirname(os.path.abspath(__file__))
     git = lambda *a: subprocess.run(['git', *a], cwd=here, capture_output=True, text=True)
     try:
@@ -171,7 +175,8 @@ def commit(folder=None):
         return None
     changes = [
         line for line in status.stdout.splitlines()
-        if not line.startswith('??') or line.rstrip('"').endswith('.py')
+        if line.rstrip('"').endswith('.py')
+        or not (line.startswith('??') or line.rstrip('"').endswith(OUTPUT_SUFFIXES))
     ]  # fmt: skip
     return head.stdout.strip() + ('+changes' if changes else '')
 

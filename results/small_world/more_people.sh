@@ -5,8 +5,10 @@
 # finetuned on the first 30, 60, 120 and all 180 finetuning people, at the handout's learning
 # rate (6e-4) for 30 epochs with three seeds and at the frontier's 3e-3 for 120 epochs; every
 # checkpoint finetuned on all 180 at 6e-4; each asked the same 60 held-out people. Then the
-# cloze probe of each checkpoint and over_pretraining.py's figure. About 2 hours of the
-# 2-core CPU, one of them the pretraining.
+# cloze probe of each checkpoint and over_pretraining.py's figure. Then the same world
+# pretrained three more ways (at batch 16, at the handout's batch 128, and with pretraining
+# seed 1), each checkpoint finetuned on all 180 at 6e-4 and probed. About 3h40m of the 2-core
+# CPU, 2h20m of it pretraining.
 #
 #     setsid nohup nice bash results/small_world/more_people.sh >> longrun/more_people.log 2>&1 < /dev/null &
 #
@@ -31,11 +33,21 @@ finetuned() {  # PEOPLE GRID_FOLDER PARAMS... [grid.py flags]: finetune on the f
         --batch_size 16 --outdir "$G" "$@"
 }
 
+probed() {  # FOLDER: the exposure of FOLDER's pretraining and the cloze probes of its checkpoints
+    local B=$1
+    $py research/exposure.py --params "$B/$V.pretrain.params" --pretrain_corpus_path "$W/world.txt" \
+        --people "$W/finetune.tsv" "$W/heldout.tsv" --finetune_corpus_path "$W/finetune.tsv" \
+        --json "$B/$V.exposure.json"
+    for c in "$B/$V".pretrain.epoch*.params; do
+        m=$(basename "${c%.params}")
+        $py research/cloze.py "$c" --eval_corpus_path "$W/heldout.tsv" --pretrain_corpus_path "$W/world.txt" \
+            --finetune_corpus_path "$W/finetune.tsv" --exposure "$B/$V.exposure.json" \
+            --finetuned "$B/grid_180_30_epochs_lr_6e-4/$m.full.s0.dev.predictions" --json "${c%.params}.cloze.json"
+    done
+}
+
 [ -f "$W/$V.pretrain.params" ] || $py src/run.py pretrain $V "$W/world.txt" --writing_params_path "$W/$V.pretrain.params" \
     --max_epochs 80 --batch_size 32 --save_every 20 --edition 2021 --seed 0
-$py research/exposure.py --params "$W/$V.pretrain.params" --pretrain_corpus_path "$W/world.txt" \
-    --people "$W/finetune.tsv" "$W/heldout.tsv" --finetune_corpus_path "$W/finetune.tsv" \
-    --json "$W/$V.exposure.json"
 $py research/untrained.py $V "$W/world.txt" --seed 0 --edition 2021 --writing_params_path "$W/$V.untrained.params"
 
 last=$W/$V.pretrain.epoch80.params
@@ -51,12 +63,7 @@ for k in 30 60 120; do
 done
 
 # the cloze probes of each checkpoint beside what the handout's finetuning on all 180 reached
-for c in "$W/$V".pretrain.epoch*.params; do
-    m=$(basename "${c%.params}")
-    $py research/cloze.py "$c" --eval_corpus_path "$W/heldout.tsv" --pretrain_corpus_path "$W/world.txt" \
-        --finetune_corpus_path "$W/finetune.tsv" --exposure "$W/$V.exposure.json" \
-        --finetuned "$W/grid_180_30_epochs_lr_6e-4/$m.full.s0.dev.predictions" --json "${c%.params}.cloze.json"
-done
+probed "$W"
 $py research/over_pretraining.py "$W/$V".pretrain.epoch*.cloze.json \
     --metrics "$W/$V.pretrain.params.metrics.csv" --plot "$W/$V.knowledge.png"
 
@@ -71,3 +78,19 @@ for g in "$W"/grid_*/; do
     g=${g%/}; s=$d/$V/${g##*grid_}; mkdir -p "$s"
     cp "$g"/grid.{json,md,csv} "$g"/*.dev.predictions "$s/"
 done
+
+# the same world pretrained otherwise, each checkpoint finetuned on all 180 at 6e-4 and probed
+pretrained_otherwise() {  # NAME BATCH EPOCHS SAVE_EVERY SEED
+    local B=$W/$1 b=$d/$1
+    mkdir -p "$B" "$b/180_30_epochs_lr_6e-4"
+    [ -f "$B/$V.pretrain.params" ] || $py src/run.py pretrain $V "$W/world.txt" --writing_params_path "$B/$V.pretrain.params" \
+        --batch_size "$2" --max_epochs "$3" --save_every "$4" --edition 2021 --seed "$5"
+    finetuned 180 "$B/grid_180_30_epochs_lr_6e-4" --pretrained "$B/$V".pretrain.epoch*.params --max_epochs 30
+    probed "$B"
+    cp "$B/$V".pretrain.epoch*.cloze.json "$b/"
+    cp "$B/$V.pretrain.params.metrics.csv" "$b/pretrain.metrics.csv"
+    cp "$B"/grid_180_30_epochs_lr_6e-4/{grid.json,grid.md,grid.csv,*.dev.predictions} "$b/180_30_epochs_lr_6e-4/"
+}
+pretrained_otherwise ${V}_batch16 16 20 5 0     # 1.2x the steps a minute, 0.6x the epochs
+pretrained_otherwise ${V}_batch128 128 60 10 0  # the handout's batch: 2.2x the epochs a minute
+pretrained_otherwise ${V}_seed1 32 40 20 1      # the first 40 epochs again, another seed

@@ -142,7 +142,7 @@ def checkpoint_cells(pretraining, entry):
         first = sorted(pretraining.glob('*.cloze.json'))[0]
         cloze = json.loads(first.read_text())['untrained']['bands']
     probes = ' | '.join(f"{100 * everyone(cloze, k):.0f}%" for k in ('document', 'name'))
-    return f"{pretraining.name} | {pretrained} | {probes}"  # VARIANT, or VARIANT_batchN
+    return f"{pretraining.name} | {pretrained} | {probes}"  # VARIANT, or VARIANT_HOW (rope_seed1)
 
 
 def frontier_rows(world):

@@ -46,6 +46,17 @@ probed() {  # FOLDER: the exposure of FOLDER's pretraining and the cloze probes 
     done
 }
 
+published() {  # FOLDER DEST: what the table is computed from, FOLDER's pretraining and grids, into DEST
+    local B=$1 b=$2 g
+    mkdir -p "$b"
+    cp "$B/$V".pretrain.epoch*.cloze.json "$b/"
+    cp "$B/$V.pretrain.params.metrics.csv" "$b/pretrain.metrics.csv"
+    for g in "$B"/grid_*/; do
+        g=${g%/}; mkdir -p "$b/${g##*grid_}"
+        cp "$g"/grid.{json,md,csv} "$g"/*.dev.predictions "$b/${g##*grid_}/"
+    done
+}
+
 [ -f "$W/$V.pretrain.params" ] || $py src/run.py pretrain $V "$W/world.txt" --writing_params_path "$W/$V.pretrain.params" \
     --max_epochs 80 --batch_size 32 --save_every 20 --edition 2021 --seed 0
 $py research/untrained.py $V "$W/world.txt" --seed 0 --edition 2021 --writing_params_path "$W/$V.untrained.params"
@@ -69,27 +80,19 @@ $py research/over_pretraining.py "$W/$V".pretrain.epoch*.cloze.json \
 
 # what the table is computed from
 d=results/small_world/people240
-mkdir -p "$d/$V"
+published "$W" "$d/$V"
 cp "$W"/{world.json,finetune.tsv,heldout.tsv} "$d/"
-cp "$W/$V".pretrain.epoch*.cloze.json "$d/$V/"
-cp "$W/$V.pretrain.params.metrics.csv" "$d/$V/pretrain.metrics.csv"
 cp "$W/$V.knowledge.png" "$d/$V/knowledge.png"
-for g in "$W"/grid_*/; do
-    g=${g%/}; s=$d/$V/${g##*grid_}; mkdir -p "$s"
-    cp "$g"/grid.{json,md,csv} "$g"/*.dev.predictions "$s/"
-done
 
 # the same world pretrained otherwise, each checkpoint finetuned on all 180 at 6e-4 and probed
 pretrained_otherwise() {  # NAME BATCH EPOCHS SAVE_EVERY SEED
-    local B=$W/$1 b=$d/$1
-    mkdir -p "$B" "$b/180_30_epochs_lr_6e-4"
+    local B=$W/$1
+    mkdir -p "$B"
     [ -f "$B/$V.pretrain.params" ] || $py src/run.py pretrain $V "$W/world.txt" --writing_params_path "$B/$V.pretrain.params" \
         --batch_size "$2" --max_epochs "$3" --save_every "$4" --edition 2021 --seed "$5"
     finetuned 180 "$B/grid_180_30_epochs_lr_6e-4" --pretrained "$B/$V".pretrain.epoch*.params --max_epochs 30
     probed "$B"
-    cp "$B/$V".pretrain.epoch*.cloze.json "$b/"
-    cp "$B/$V.pretrain.params.metrics.csv" "$b/pretrain.metrics.csv"
-    cp "$B"/grid_180_30_epochs_lr_6e-4/{grid.json,grid.md,grid.csv,*.dev.predictions} "$b/180_30_epochs_lr_6e-4/"
+    published "$B" "$d/$1"
 }
 pretrained_otherwise ${V}_batch16 16 20 5 0     # 1.2x the steps a minute, 0.6x the epochs
 pretrained_otherwise ${V}_batch128 128 60 10 0  # the handout's batch: 2.2x the epochs a minute

@@ -6,9 +6,10 @@
 # rate (6e-4) for 30 epochs with three seeds and at the frontier's 3e-3 for 120 epochs; every
 # checkpoint finetuned on all 180 at 6e-4; each asked the same 60 held-out people. Then the
 # cloze probe of each checkpoint and over_pretraining.py's figure. Then the same world
-# pretrained three more ways (at batch 16, at the handout's batch 128, and with pretraining
-# seed 1), each checkpoint finetuned on all 180 at 6e-4 and probed. About 3h40m of the 2-core
-# CPU, 2h20m of it pretraining.
+# pretrained more ways (at batch 16, at the handout's batch 128, and with pretraining seeds 1
+# and 2), each checkpoint finetuned on all 180 at 6e-4 and probed; and the same people with
+# one biography each (people240_one), pretrained and probed alike. About 5h10m of the 2-core
+# CPU, 3h40m of it pretraining.
 #
 #     setsid nohup nice bash results/small_world/more_people.sh >> longrun/more_people.log 2>&1 < /dev/null &
 #
@@ -97,3 +98,12 @@ pretrained_otherwise() {  # NAME BATCH EPOCHS SAVE_EVERY SEED
 pretrained_otherwise ${V}_batch16 16 20 5 0     # 1.2x the steps a minute, 0.6x the epochs
 pretrained_otherwise ${V}_batch128 128 60 10 0  # the handout's batch: 2.2x the epochs a minute
 pretrained_otherwise ${V}_seed1 32 40 20 1      # the first 40 epochs again, another seed
+pretrained_otherwise ${V}_seed2 32 40 20 2      # and a third
+
+# the same people with one biography each (16 copies of it), pretrained as seed 0's first 40 epochs
+W=$OUT/people240_one d=results/small_world/people240_one
+$py research/small_world.py --seed 0 --outdir "$W" --people 240 --documents 16 --paraphrases 1 \
+    --attributes 0 --finetune_share 0.75
+cp "$W/finetune.tsv" "$W/finetune180.tsv"
+pretrained_otherwise $V 32 40 20 0
+cp "$W"/{world.json,finetune.tsv,heldout.tsv} "$d/"

@@ -23,8 +23,8 @@ import re
 import sys
 from pathlib import Path
 
+import grid
 import plot
-import records
 import utils
 from machinery import checks, files
 
@@ -46,14 +46,16 @@ def reached(folder, grid_name):
     folder = Path(folder)
     world = folder.parent
     minutes = minutes_at_epochs(folder / 'pretrain.metrics.csv')
-    record = records.read_record(str(folder / grid_name / 'grid.json'))
+    record = grid.records.read_record(str(folder / grid_name / 'grid.json'))
     if not record:
         raise files.UserError(f"{folder / grid_name / 'grid.json'}: no such grid record")
     rows = []
     for entry in record.values():
         made = entry['made_with']
-        name = f"{made['model']}.{made['method']}.s{made['seed']}.dev.predictions"
-        predictions_path = folder / grid_name / name
+        prefix = grid.output_prefix(
+            str(folder / grid_name), made['model'], made['method'], made['seed']
+        )
+        predictions_path = Path(prefix + '.dev.predictions')
         try:
             predictions = predictions_path.read_text(encoding='utf-8').splitlines()
         except OSError as e:

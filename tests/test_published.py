@@ -223,6 +223,42 @@ def people_rows(world):
     return [row for _, row in sorted(rows)]
 
 
+def seed_rows(world):
+    """results/README.md's rows for the pretrainings of one recipe that differ only in their
+    seed (WORLD/VARIANT for seed 0, WORLD/VARIANT_seedN), at each epoch two or more of them
+    reached: the held-out people right after finetuning on all of the world's finetuning
+    people at 6e-4 for 30 epochs (finetuning seed 0), seed by seed, their mean, standard
+    deviation and range, and the pretraining minutes."""
+    at_epoch = {}  # (variant, epoch): [(pretraining seed, right, minutes)]
+    for folder in sorted(world.iterdir()):
+        named = re.fullmatch(r'([a-z]+)(?:_seed(\d+))?', folder.name)
+        path = folder / '180_30_epochs_lr_6e-4' / 'grid.json'
+        if not named or not path.exists():
+            continue
+        for entry in grid.records.read_record(str(path)).values():
+            made = entry['made_with']
+            if not epochs(entry) or made['seed'] != 0:
+                continue  # the floor, or another finetuning seed
+            (right,) = heldout_correct(world, path.parent, [entry])
+            minutes = float(steps_by_epoch(folder)[epochs(entry)][-1]['seconds']) / 60
+            seed = int(named[2] or 0)
+            at_epoch.setdefault((named[1], epochs(entry)), []).append((seed, right, minutes))
+    rows = []
+    for (variant, epoch), runs in sorted(at_epoch.items()):
+        if len(runs) < 2:
+            continue
+        runs.sort()
+        counts = [int(right.split('/')[0]) for _, right, _ in runs]
+        minutes = [m for _, _, m in runs]
+        cells = [
+            world.name, variant, str(epoch), ', '.join(str(seed) for seed, _, _ in runs),
+            ', '.join(right for _, right, _ in runs), grid.mean_sd(counts),
+            f"{min(counts)}-{max(counts)}", f"{min(minutes):.1f}-{max(minutes):.1f} min",
+        ]  # fmt: skip
+        rows.append(f"| {' | '.join(cells)} |")
+    return rows
+
+
 @pytest.mark.parametrize(
     'world', sorted(SMALL_WORLD.glob('*/world.json')), ids=lambda p: p.parent.name
 )
@@ -240,6 +276,7 @@ def test_a_published_world_is_what_its_knobs_make(world):
         ('## The frontier: one seed', frontier_rows),
         ('## Other finetunings', finetuning_rows),
         ("## Finetuned at the handout's learning rate", people_rows),
+        ('## Pretraining seeds', seed_rows),
     ],
 )
 def test_a_small_world_table_is_its_runs(heading, rows):

@@ -7,9 +7,9 @@
 # checkpoint finetuned on all 180 at 6e-4; each asked the same 60 held-out people. Then the
 # cloze probe of each checkpoint and over_pretraining.py's figure. Then the same world
 # pretrained more ways (at batch 16, at the handout's batch 128, and with pretraining seeds 1
-# and 2), each checkpoint finetuned on all 180 at 6e-4 and probed; and the same people with
-# one biography each (people240_one), pretrained and probed alike. About 5h10m of the 2-core
-# CPU, 3h40m of it pretraining.
+# to 4), each checkpoint finetuned on all 180 at 6e-4 and probed; and the same people with
+# one biography each (people240_one, pretraining seeds 0 and 1), pretrained and probed
+# alike. About 7 hours of the 2-core CPU, 5h10m of it pretraining.
 #
 #     setsid nohup nice bash results/small_world/more_people.sh >> longrun/more_people.log 2>&1 < /dev/null &
 #
@@ -99,6 +99,8 @@ pretrained_otherwise ${V}_batch16 16 20 5 0     # 1.2x the steps a minute, 0.6x 
 pretrained_otherwise ${V}_batch128 128 60 10 0  # the handout's batch: 2.2x the epochs a minute
 pretrained_otherwise ${V}_seed1 32 40 20 1      # the first 40 epochs again, another seed
 pretrained_otherwise ${V}_seed2 32 40 20 2      # and a third
+pretrained_otherwise ${V}_seed3 32 40 20 3      # a fourth
+pretrained_otherwise ${V}_seed4 32 40 20 4      # and a fifth
 
 # the same people with one biography each (16 copies of it), pretrained as seed 0's first 40 epochs
 W=$OUT/people240_one d=results/small_world/people240_one
@@ -106,4 +108,5 @@ $py research/small_world.py --seed 0 --outdir "$W" --people 240 --documents 16 -
     --attributes 0 --finetune_share 0.75
 cp "$W/finetune.tsv" "$W/finetune180.tsv"
 pretrained_otherwise $V 32 40 20 0
+pretrained_otherwise ${V}_seed1 32 40 20 1
 cp "$W"/{world.json,finetune.tsv,heldout.tsv} "$d/"

@@ -1,0 +1,177 @@
+"""A teacher's lab demo of the assignment's lesson in a small world: the held-out people's
+birthplaces, answered after finetuning on the other people's questions, with no
+pretraining, after pretraining on one biography per person, and after pretraining on four
+paraphrased biographies per person, side by side.
+
+    python research/lab_demo.py --outdir lab
+
+It writes two worlds of the same people, places and split (research/small_world.py: 240
+people, 16 documents each, 180 finetuned and 60 held out; `one` repeats one biography per
+person, `paraphrased` cycles through four in permuted sentence order, and is the world
+results/README.md's `people240` rows were measured in), pretrains the variant on each with
+the handout's pretrain command (the 2021 schedule, 40 epochs at batch 32: the same steps on
+about the same characters), writes the untrained model of the same seed
+(research/untrained.py), then finetunes each of the three on the 180 people's questions
+and asks the 60 others' (research/grid.py: full finetuning, 30 epochs at the handout's
+6e-4, batch 16, seed 0), and prints the three accuracies for each pretraining seed.
+
+On the 2-core Intel Xeon of results/README.md it takes about 80 minutes (a pretraining
+23-39 minutes, a finetuning 1-2), where RoPE answered 29-60 of the 60 paraphrased (seeds
+0-4), 33 and 50 with one biography (seeds 0 and 1), and 1-3 with no pretraining (chance:
+3): pretraining's lesson shows for every seed, the paraphrases' not yet. What it makes
+stays in --outdir: run the same command again after an interruption (Ctrl-C) and it goes
+on where it stopped; --pretrain_seeds 0 1 2 adds rows.
+"""
+
+import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
+
+import argparse
+import os
+import subprocess
+import sys
+
+import grid
+import records
+import run
+from machinery import devices, files
+
+WORLDS = {'one': 1, 'paraphrased': 4}  # world: biographies per person
+DOCUMENTS = 16  # per person
+FINETUNE_SHARE = 0.75
+
+
+def parse_args(argv):
+    argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    argp.add_argument('--outdir', default='lab', help="where everything goes (default lab)")
+    argp.add_argument(
+        '--variant', default='rope', choices=list(run.VARIANT_EDITION),
+        help="the model pretrained and finetuned (default rope)",
+    )  # fmt: skip
+    argp.add_argument(
+        '--pretrain_seeds', nargs='+', type=int, default=[0], help="a row each (default 0)"
+    )
+    argp.add_argument(
+        '--people', type=run.positive(int), default=240,
+        help="people in each world, a quarter of them held out (default 240)",
+    )  # fmt: skip
+    argp.add_argument(
+        '--pretrain_max_epochs', type=run.positive(int), default=40,
+        help="each pretraining's epochs (default 40)",
+    )  # fmt: skip
+    devices.add_arguments(argp)
+    args = argp.parse_args(argv)
+    if round(args.people * (1 - FINETUNE_SHARE)) < 1:
+        argp.error(f"--people {args.people}: too few to hold a quarter out")
+    return args
+
+
+def python(script, *argv):
+    """Runs one of this repository's scripts with this Python; a failure stops the demo."""
+    argv = [str(a) for a in argv]
+    print(f"== {' '.join([script, *argv])}", flush=True)
+    process = subprocess.Popen([sys.executable, os.path.join(import_paths.ROOT, script), *argv])
+    try:
+        status = process.wait()
+    except KeyboardInterrupt:  # the terminal's Ctrl-C reached it too: it saves its state
+        process.wait()
+        raise
+    if status:
+        raise files.UserError(f"{script} ended with status {status} (its output is above)")
+
+
+def world_dir(args, world):
+    return os.path.join(args.outdir, world)
+
+
+def make_worlds(args):
+    for world, paraphrases in WORLDS.items():
+        folder = world_dir(args, world)
+        if not os.path.exists(os.path.join(folder, 'world.json')):
+            python('research/small_world.py', '--seed', 0, '--outdir', folder,
+                   '--people', args.people, '--documents', DOCUMENTS,
+                   '--paraphrases', paraphrases, '--attributes', 0,
+                   '--finetune_share', FINETUNE_SHARE)  # fmt: skip
+
+
+def pretrained(args, world, seed):
+    """The params of the variant pretrained on a world with a seed, pretrained if missing
+    (continuing an interrupted pretraining)."""
+    folder = world_dir(args, world)
+    path = os.path.join(folder, f"{args.variant}.s{seed}.pretrain.params")
+    if not os.path.exists(path):
+        resuming = ['--resume'] if os.path.exists(path + '.resume') else []
+        python('src/run.py', 'pretrain', args.variant, os.path.join(folder, 'world.txt'),
+               *grid.VARIANT_FLAGS.get(args.variant, []), '--writing_params_path', path,
+               '--max_epochs', args.pretrain_max_epochs,
+               '--batch_size', 32, '--edition', '2021', '--seed', seed,
+               '--device', args.device, '--precision', args.precision, *resuming)  # fmt: skip
+    return path
+
+
+def untrained(args, seed):
+    """The untrained model of a seed, in the paraphrased world's vocabulary."""
+    folder = world_dir(args, 'paraphrased')
+    path = os.path.join(folder, f"{args.variant}.s{seed}.untrained.params")
+    if not os.path.exists(path):
+        python('research/untrained.py', args.variant, os.path.join(folder, 'world.txt'),
+               *grid.VARIANT_FLAGS.get(args.variant, []), '--writing_params_path', path,
+               '--edition', '2021', '--seed', seed)  # fmt: skip
+    return path
+
+
+def finetuned(args, world, params):
+    """Each params file finetuned on the world's finetuning people and asked the held-out
+    people's questions (grid.py, which skips the runs already done); the world's record."""
+    folder = world_dir(args, world)
+    python('research/grid.py', '--pretrained', *params,
+           '--pretrain_corpus_path', os.path.join(folder, 'world.txt'),
+           '--finetune_corpus_path', os.path.join(folder, 'finetune.tsv'),
+           '--eval_corpus_path', os.path.join(folder, 'heldout.tsv'),
+           '--test_corpus_path', os.path.join(folder, 'test_inputs.tsv'),
+           '--max_epochs', 30, '--batch_size', 16, '--seeds', 0,
+           '--device', args.device, '--precision', args.precision,
+           '--outdir', os.path.join(folder, 'grid'))  # fmt: skip
+    return records.read_record(os.path.join(folder, 'grid', 'grid.json'))
+
+
+def answered(record, params):
+    """'RIGHT/TOTAL' of the held-out people, for the run finetuned from a params file."""
+    model = os.path.basename(params).removesuffix('.params').removesuffix('.pretrain')
+    entry = record[f"{model} full s0"]
+    return f"{int(entry['dev_correct'])}/{int(entry['dev_total'])}"
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        make_worlds(args)
+        one = [pretrained(args, 'one', seed) for seed in args.pretrain_seeds]
+        paraphrased = [pretrained(args, 'paraphrased', seed) for seed in args.pretrain_seeds]
+        floor = [untrained(args, seed) for seed in args.pretrain_seeds]
+        one_record = finetuned(args, 'one', one)
+        paraphrased_record = finetuned(args, 'paraphrased', floor + paraphrased)
+    except files.UserError as e:
+        sys.exit(files.report(e))
+    except KeyboardInterrupt:
+        sys.exit("\nstopped: run the same command again to go on where it stopped")
+    held_out = round(args.people * (1 - FINETUNE_SHARE))
+    columns = ('pretraining seed', 'no pretraining', 'one biography', 'four paraphrases')
+    print(
+        f"\nThe {held_out} held-out people answered by {args.variant} after finetuning on "
+        f"the {args.people - held_out} others (chance: one in 20)"
+    )
+    print('  '.join(columns))
+    for seed, floor_params, one_params, paraphrased_params in zip(
+        args.pretrain_seeds, floor, one, paraphrased
+    ):
+        cells = (
+            str(seed),
+            answered(paraphrased_record, floor_params),
+            answered(one_record, one_params),
+            answered(paraphrased_record, paraphrased_params),
+        )
+        print('  '.join(cell.rjust(len(column)) for cell, column in zip(cells, columns)))
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,100 @@
+"""research/lab_demo.py at a tiny size: two worlds of the same people differing only in their
+biographies, and a table whose three accuracies are those of the held-out predictions it
+made; run again, it makes nothing twice and prints the same table; stopped by Ctrl-C, its
+pretraining saves its state and the same command goes on from it."""
+
+import os
+import signal
+import subprocess
+
+import pytest
+
+import lab_demo
+import utils
+from conftest import PYTHON, ROOT, wait_for
+
+TINY = ['--people', 8, '--pretrain_max_epochs', 1, '--device', 'cpu', '--precision', 'fp32']
+
+
+def demo(tmp_path, capfd, *argv):
+    lab_demo.main(['--outdir', str(tmp_path / 'lab'), *map(str, TINY), *map(str, argv)])
+    out = capfd.readouterr().out
+    head, _, table = out.rpartition('\nThe 2 held-out people answered by rope after finetuning')
+    return head, table.splitlines()[2:]
+
+
+def right(world, model):
+    """RIGHT/TOTAL of a run's held-out predictions, counted here from its files."""
+    predictions = (world / 'grid' / f"{model}.full.s0.dev.predictions").read_text().splitlines()
+    total, correct = utils.evaluate_places(str(world / 'heldout.tsv'), predictions)
+    return f"{int(correct)}/{int(total)}"
+
+
+def test_the_demo_prints_what_its_predictions_say(tmp_path, capfd):
+    head, rows = demo(tmp_path, capfd, '--pretrain_seeds', 1)
+    one, paraphrased = tmp_path / 'lab' / 'one', tmp_path / 'lab' / 'paraphrased'
+    for name in ('finetune.tsv', 'heldout.tsv'):  # the same people, split and places
+        assert (one / name).read_bytes() == (paraphrased / name).read_bytes()
+    assert (one / 'world.txt').read_bytes() != (paraphrased / 'world.txt').read_bytes()
+    assert head.count('== src/run.py pretrain rope') == 2
+    assert [row.split() for row in rows] == [
+        [str(seed), right(paraphrased, f'rope.s{seed}.untrained'), right(one, f'rope.s{seed}'),
+         right(paraphrased, f'rope.s{seed}')]
+        for seed in [1]
+    ]  # fmt: skip
+
+    again_head, again = demo(tmp_path, capfd, '--pretrain_seeds', 1)
+    assert again == rows
+    assert '== src/run.py' not in again_head and 'research/untrained.py' not in again_head
+
+
+@pytest.mark.parametrize(
+    'argv, error',
+    [(['--people', '2'], "--people 2: too few to hold a quarter out"),
+     (['--variant', 'gpt5'], "--variant: invalid choice: 'gpt5'")],
+)  # fmt: skip
+def test_a_bad_flag_is_one_line(tmp_path, capsys, argv, error):
+    with pytest.raises(SystemExit) as stop:
+        lab_demo.main(['--outdir', str(tmp_path), *argv])
+    assert stop.value.code != 0
+    assert error in capsys.readouterr().err
+
+
+# lab_demo.py as its command line runs it, each pretraining held after step 2
+# (tests/hold_at_step.py) until it is told to stop; Ctrl-C raises KeyboardInterrupt in it
+# as in a terminal, also where the suite runs as a background job
+HELD_DEMO = f"""
+import signal
+import subprocess
+import sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+sys.path.insert(0, {str(ROOT / 'research')!r})
+import lab_demo
+popen = subprocess.Popen
+def held(command, *args, **kwargs):
+    if command[1].endswith('run.py'):
+        command = [command[0], {str(ROOT / 'tests' / 'hold_at_step.py')!r}, '2', 'held', *command[1:]]
+    return popen(command, *args, **kwargs)
+lab_demo.subprocess.Popen = held
+lab_demo.main(sys.argv[1:])
+"""
+
+
+@pytest.mark.skipif(os.name == 'nt', reason="process groups are POSIX's")
+@pytest.mark.slow
+def test_a_ctrl_c_keeps_the_pretrainings_state_and_the_same_command_goes_on(tmp_path, capfd):
+    argv = ['--outdir', str(tmp_path / 'lab'), *map(str, TINY)]
+    process = subprocess.Popen([PYTHON, '-c', HELD_DEMO, *argv], cwd=tmp_path, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               start_new_session=True)  # fmt: skip
+    wait_for(tmp_path / 'held.0', process)
+    os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C: the demo and its pretraining
+    _, err = process.communicate(timeout=120)
+    assert process.returncode != 0 and 'Traceback' not in err, err
+    assert err.endswith("stopped: run the same command again to go on where it stopped\n")
+    state = tmp_path / 'lab' / 'one' / 'rope.s0.pretrain.params.resume'
+    assert state.exists() and not state.with_suffix('').exists()
+
+    head, rows = demo(tmp_path, capfd)
+    assert '--seed 0 --device cpu --precision fp32 --resume\n' in head
+    assert not state.exists() and len(rows) == 1

@@ -154,7 +154,8 @@ def main(argv=None):
         sys.exit(files.report(e))
     except KeyboardInterrupt:
         sys.exit("\nstopped: run the same command again to go on where it stopped")
-    held_out = round(args.people * (1 - FINETUNE_SHARE))
+    with open(os.path.join(world_dir(args, 'paraphrased'), 'heldout.tsv'), encoding='utf-8') as f:
+        held_out = len(f.read().splitlines())
     columns = ('pretraining seed', 'no pretraining', 'one biography', 'four paraphrases')
     print(
         f"\nThe {held_out} held-out people answered by {args.variant} after finetuning on "

@@ -488,7 +488,10 @@ def test_the_teachers_command_as_root_runs_the_code_as_the_sandboxs_user(
 
 def test_a_command_run_for_the_sandbox_is_the_users_within_the_limits(grader_python):
     """What grade.py --learning_check runs (sandbox.command_options): the user's uid and gid,
-    no other groups, the limits, and no way back to root."""
+    no other groups, the limits, and no way back to root. The user is added as grade.py
+    adds it (sandbox.current, in the grader's Python) where no earlier test has."""
+    add_user = f"import sys; sys.path.insert(0, {str(ROOT / 'grading')!r}); import sandbox; sandbox.current()"
+    subprocess.run([str(grader_python / 'bin' / 'python'), '-c', add_user], check=True)
     box = sandbox.Sandbox(pwd.getpwnam(sandbox.USER))
     code = (
         "import os, resource\n"

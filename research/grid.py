@@ -176,8 +176,12 @@ def pretrained_model(path):
     """(name, variant, run.py flags for its shape) of a pretrained params file."""
     variant, bottleneck_dim = params_files.variant_and_bottleneck(path, flag='--pretrained')
     flags = ['--bottleneck_dim', str(bottleneck_dim)] if variant == 'perceiver' else []
-    name = os.path.basename(path).removesuffix('.params').removesuffix('.pretrain')
-    return name, variant, flags
+    return model_name(path), variant, flags
+
+
+def model_name(path):
+    """A pretrained params file's model name: perceiver.s1.pretrain.params is perceiver.s1."""
+    return os.path.basename(path).removesuffix('.params').removesuffix('.pretrain')
 
 
 def output_prefix(outdir, model, method, seed):

@@ -38,6 +38,7 @@ from machinery import devices, files
 WORLDS = {'one': 1, 'paraphrased': 4}  # world: biographies per person
 DOCUMENTS = 16  # per person
 FINETUNE_SHARE = 0.75
+EDITION = '2021'  # the schedule results/README.md's small-world pretrainings followed
 
 
 def parse_args(argv):
@@ -103,7 +104,7 @@ def pretrained(args, world, seed):
         python('src/run.py', 'pretrain', args.variant, os.path.join(folder, 'world.txt'),
                *grid.VARIANT_FLAGS.get(args.variant, []), '--writing_params_path', path,
                '--max_epochs', args.pretrain_max_epochs,
-               '--batch_size', 32, '--edition', '2021', '--seed', seed,
+               '--batch_size', 32, '--edition', EDITION, '--seed', seed,
                '--device', args.device, '--precision', args.precision, *resuming)  # fmt: skip
     return path
 
@@ -115,7 +116,7 @@ def untrained(args, seed):
     if not os.path.exists(path):
         python('research/untrained.py', args.variant, os.path.join(folder, 'world.txt'),
                *grid.VARIANT_FLAGS.get(args.variant, []), '--writing_params_path', path,
-               '--edition', '2021', '--seed', seed)  # fmt: skip
+               '--edition', EDITION, '--seed', seed)  # fmt: skip
     return path
 
 
@@ -136,8 +137,7 @@ def finetuned(args, world, params):
 
 def answered(record, params):
     """'RIGHT/TOTAL' of the held-out people, for the run finetuned from a params file."""
-    model = os.path.basename(params).removesuffix('.params').removesuffix('.pretrain')
-    entry = record[f"{model} full s0"]
+    entry = record[f"{grid.model_name(params)} full s0"]
     return f"{int(entry['dev_correct'])}/{int(entry['dev_total'])}"
 
 

@@ -122,6 +122,12 @@ def parse_args(argv):
         help="each pretraining's batch (run.py's --batch_size; default: the handout's)",
     )
     argp.add_argument(
+        '--pretrain_edition',
+        choices=sorted(run.EDITIONS),
+        help="each pretraining's handout edition, its schedule (run.py's --edition; "
+        "default: each variant's own)",
+    )
+    argp.add_argument(
         '--jobs', type=run.positive(int), default=1,
         help="processes of pretraining at once, each on a GPU of its own where there are "
         "several (default 1)",
@@ -306,6 +312,8 @@ def pretraining_runs(args):
                 argv += ['--max_epochs', str(args.pretrain_max_epochs)]
             if args.pretrain_batch_size:
                 argv += ['--batch_size', str(args.pretrain_batch_size)]
+            if args.pretrain_edition:
+                argv += ['--edition', args.pretrain_edition]
             runs.append((f"{name} pretrain", out, {'model': name, 'pretrain': argv[1:]}, argv))
     return runs
 

@@ -8,19 +8,20 @@ paraphrased biographies per person, side by side.
 It writes two worlds of the same people, places and split (research/small_world.py: 240
 people, 16 documents each, 180 finetuned and 60 held out; `one` repeats one biography per
 person, `paraphrased` cycles through four in permuted sentence order, and is the world
-results/README.md's `people240` rows were measured in), pretrains the variant on each with
-the handout's pretrain command (the 2021 schedule, 40 epochs at batch 32: the same steps on
-about the same characters), writes the untrained model of the same seed
-(research/untrained.py), then finetunes each of the three on the 180 people's questions
-and asks the 60 others' (research/grid.py: full finetuning, 30 epochs at the handout's
-6e-4, batch 16, seed 0), and prints the three accuracies for each pretraining seed.
+results/README.md's `people240` rows were measured in), writes the untrained model of
+each seed (research/untrained.py), and with one research/grid.py command per world
+pretrains the variant on it (--pretrain: the handout's pretrain command on the 2021
+schedule, 40 epochs at batch 32, the same steps on about the same characters in both
+worlds), finetunes the pretrained and the untrained model on the 180 people's questions
+and asks the 60 others' (full finetuning, 30 epochs at the handout's 6e-4, batch 16, seed
+0); then it prints the three accuracies for each pretraining seed.
 
 On the 2-core Intel Xeon of results/README.md it takes about 80 minutes (a pretraining
 23-39 minutes, a finetuning 1-2), where RoPE answered 29-60 of the 60 paraphrased (seeds
-0-4), 33 and 50 with one biography (seeds 0 and 1), and 1-3 with no pretraining (chance:
-3): pretraining's lesson shows for every seed, the paraphrases' not yet. What it makes
-stays in --outdir: run the same command again after an interruption (Ctrl-C) and it goes
-on where it stopped; --pretrain_seeds 0 1 2 adds rows.
+0-4), 33-50 with one biography (seeds 0-4), and 1-3 with no pretraining (chance: 3):
+pretraining's lesson shows for every seed, the paraphrases' does not stand out from the
+seeds' spread. What it makes stays in --outdir: run the same command again after an
+interruption (Ctrl-C) and it goes on where it stopped; --pretrain_seeds 0 1 2 adds rows.
 """
 
 import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
@@ -94,21 +95,6 @@ def make_worlds(args):
                    '--finetune_share', FINETUNE_SHARE)  # fmt: skip
 
 
-def pretrained(args, world, seed):
-    """The params of the variant pretrained on a world with a seed, pretrained if missing
-    (continuing an interrupted pretraining)."""
-    folder = world_dir(args, world)
-    path = os.path.join(folder, f"{args.variant}.s{seed}.pretrain.params")
-    if not os.path.exists(path):
-        resuming = ['--resume'] if os.path.exists(path + '.resume') else []
-        python('src/run.py', 'pretrain', args.variant, os.path.join(folder, 'world.txt'),
-               *grid.VARIANT_FLAGS.get(args.variant, []), '--writing_params_path', path,
-               '--max_epochs', args.pretrain_max_epochs,
-               '--batch_size', 32, '--edition', EDITION, '--seed', seed,
-               '--device', args.device, '--precision', args.precision, *resuming)  # fmt: skip
-    return path
-
-
 def untrained(args, seed):
     """The untrained model of a seed, in the paraphrased world's vocabulary."""
     folder = world_dir(args, 'paraphrased')
@@ -120,24 +106,31 @@ def untrained(args, seed):
     return path
 
 
-def finetuned(args, world, params):
-    """Each params file finetuned on the world's finetuning people and asked the held-out
-    people's questions (grid.py, which skips the runs already done); the world's record."""
+def pretrained_and_finetuned(args, world, floor=()):
+    """The variant pretrained on a world with each seed (continuing an interrupted
+    pretraining), each pretraining and the floor's params finetuned on the world's
+    finetuning people and asked the held-out people's questions: one research/grid.py
+    command, which skips what is done. Returns the world's record."""
     folder = world_dir(args, world)
-    python('research/grid.py', '--pretrained', *params,
+    outdir = os.path.join(folder, 'grid')
+    print(f"(each pretraining's progress: its .log in {outdir})", flush=True)
+    python('research/grid.py', '--pretrain', args.variant,
+           '--pretrain_seeds', *args.pretrain_seeds,
+           '--pretrain_max_epochs', args.pretrain_max_epochs, '--pretrain_batch_size', 32,
+           '--pretrain_edition', EDITION, *(['--pretrained', *floor] if floor else []),
            '--pretrain_corpus_path', os.path.join(folder, 'world.txt'),
            '--finetune_corpus_path', os.path.join(folder, 'finetune.tsv'),
            '--eval_corpus_path', os.path.join(folder, 'heldout.tsv'),
            '--test_corpus_path', os.path.join(folder, 'test_inputs.tsv'),
            '--max_epochs', 30, '--batch_size', 16, '--seeds', 0,
            '--device', args.device, '--precision', args.precision,
-           '--outdir', os.path.join(folder, 'grid'))  # fmt: skip
-    return records.read_record(os.path.join(folder, 'grid', 'grid.json'))
+           '--outdir', outdir)  # fmt: skip
+    return records.read_record(os.path.join(outdir, 'grid.json'))
 
 
-def answered(record, params):
-    """'RIGHT/TOTAL' of the held-out people, for the run finetuned from a params file."""
-    entry = record[f"{grid.model_name(params)} full s0"]
+def answered(record, model):
+    """'RIGHT/TOTAL' of the held-out people, for the run finetuned from a model."""
+    entry = record[f"{model} full s0"]
     return f"{int(entry['dev_correct'])}/{int(entry['dev_total'])}"
 
 
@@ -145,11 +138,9 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         make_worlds(args)
-        one = [pretrained(args, 'one', seed) for seed in args.pretrain_seeds]
-        paraphrased = [pretrained(args, 'paraphrased', seed) for seed in args.pretrain_seeds]
         floor = [untrained(args, seed) for seed in args.pretrain_seeds]
-        one_record = finetuned(args, 'one', one)
-        paraphrased_record = finetuned(args, 'paraphrased', floor + paraphrased)
+        one_record = pretrained_and_finetuned(args, 'one')
+        paraphrased_record = pretrained_and_finetuned(args, 'paraphrased', floor)
     except files.UserError as e:
         sys.exit(files.report(e))
     except KeyboardInterrupt:
@@ -162,14 +153,13 @@ def main(argv=None):
         f"the {args.people - held_out} others (chance: one in 20)"
     )
     print('  '.join(columns))
-    for seed, floor_params, one_params, paraphrased_params in zip(
-        args.pretrain_seeds, floor, one, paraphrased
-    ):
+    for seed, floor_params in zip(args.pretrain_seeds, floor):
+        pretrained = f"{args.variant}.s{seed}"  # grid.py --pretrain's name for it
         cells = (
             str(seed),
-            answered(paraphrased_record, floor_params),
-            answered(one_record, one_params),
-            answered(paraphrased_record, paraphrased_params),
+            answered(paraphrased_record, grid.model_name(floor_params)),
+            answered(one_record, pretrained),
+            answered(paraphrased_record, pretrained),
         )
         print('  '.join(cell.rjust(len(column)) for cell, column in zip(cells, columns)))
 

@@ -11,7 +11,8 @@ its pretrain.metrics.csv (run.py's, whose seconds column times the checkpoints) 
 grid of its checkpoints finetuned, FOLDER/--grid/grid.json with each run's held-out
 predictions beside it; the world's heldout.tsv and world.json are in the folder above.
 A run of the grid's untrained model (research/untrained.py's VARIANT.untrained) is the
-floor. It prints a row per checkpoint and finetuning seed; --plot (matplotlib) draws them.
+floor. It prints a row per checkpoint and finetuning seed; --plot (matplotlib) draws them,
+a line style per world.
 """
 
 import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
@@ -97,7 +98,13 @@ def plot_reached(runs, chance, out):
             min(floor), max(floor), color='gray', alpha=0.25, label='floor: untrained, finetuned'
         )
     ax.axhline(100 * chance, color='gray', linestyle=':', label='chance')
+    styles = {}  # a world's line style; within a world, each pretraining a colour of its own
+    drawn = {}
     for folder, rows in runs.items():
+        world = Path(folder).parent
+        style = styles.setdefault(world, ['-', '--', '-.', ':'][len(styles) % 4])
+        colour = f"C{drawn.setdefault(world, 0) % 10}"
+        drawn[world] += 1
         by_epoch = {}  # epoch: (minutes, [% right of each finetuning seed])
         for epoch, _, right, total, at in rows:
             if epoch is not None:
@@ -105,7 +112,7 @@ def plot_reached(runs, chance, out):
         points = [by_epoch[epoch] for epoch in sorted(by_epoch)]
         means = [sum(seeds) / len(seeds) for _, seeds in points]
         (line,) = ax.plot([at for at, _ in points], means, marker='o', markersize=4,
-                          label=label(folder))  # fmt: skip
+                          linestyle=style, color=colour, label=label(folder))  # fmt: skip
         for at, seeds in points:  # each finetuning seed, where there are several
             if len(seeds) > 1:
                 ax.scatter([at] * len(seeds), seeds, color=line.get_color(), s=8)

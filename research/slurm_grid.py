@@ -92,9 +92,9 @@ def common_argv(args):
     """grid.py's flags that every job passes on: all but which runs, and --cluster's."""
     argv = ['--methods', *(text for text, _ in args.methods), '--seeds', *map(str, args.seeds)]
     for name in ('outdir', 'pretrain_corpus_path', 'finetune_corpus_path', 'eval_corpus_path',
-                 'test_corpus_path', 'pretrain_max_epochs', 'pretrain_batch_size', 'share',
-                 'max_epochs', 'batch_size', 'finetune_lr', 'lora_alpha', 'device',
-                 'precision'):  # fmt: skip
+                 'test_corpus_path', 'pretrain_max_epochs', 'pretrain_batch_size',
+                 'pretrain_edition', 'share', 'max_epochs', 'batch_size', 'finetune_lr',
+                 'lora_alpha', 'device', 'precision'):  # fmt: skip
         if getattr(args, name) is not None:
             argv += [f'--{name}', str(getattr(args, name))]
     return argv

@@ -259,6 +259,27 @@ def wait_for(path, process, seconds=120):
         time.sleep(0.02)
 
 
+def held_grid(step):
+    """grid.py as its command line runs it (`python -c` this), each pretraining process held
+    after `step` (tests/hold_at_step.py, marker held.RANK) until it is told to stop; Ctrl-C
+    raises KeyboardInterrupt in it as in a terminal, also where the suite runs as a
+    background job (whose commands inherit SIGINT ignored, and Python then leaves it
+    ignored)."""
+    return f"""
+import signal
+import sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+sys.path.insert(0, {str(ROOT / 'research')!r})
+import grid
+command_of = grid.group_command
+def held(group):
+    command, log = command_of(group)
+    return [command[0], {str(ROOT / 'tests' / 'hold_at_step.py')!r}, '{step}', 'held', *command[1:]], log
+grid.group_command = held
+grid.main(sys.argv[1:])
+"""
+
+
 @pytest.fixture(scope='session')
 def grader_python():
     """A Python for Gradescope's run_autograder (its VENV) that the sandbox's user can read,

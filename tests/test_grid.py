@@ -15,7 +15,8 @@ import subprocess
 import pytest
 
 import grid
-from conftest import PYTHON, ROOT, wait_for
+import run
+from conftest import PYTHON, held_grid, wait_for
 from machinery import devices
 
 BF16 = devices.cpu_has_native_bf16()  # what --precision auto means on this CPU
@@ -277,23 +278,7 @@ def test_pretraining_seeds_run_at_once_stop_and_go_on(tiny, monkeypatch, capsys)
     )
 
 
-# grid.py as its command line runs it, its pretraining process held after step 3
-# (tests/hold_at_step.py) until it is told to stop; Ctrl-C raises KeyboardInterrupt in it
-# as in a terminal, also where the suite runs as a background job (whose commands inherit
-# SIGINT ignored, and Python then leaves it ignored)
-HELD_GRID = f"""
-import signal
-import sys
-signal.signal(signal.SIGINT, signal.default_int_handler)
-sys.path.insert(0, {str(ROOT / 'research')!r})
-import grid
-command_of = grid.group_command
-def held(group):
-    command, log = command_of(group)
-    return [command[0], {str(ROOT / 'tests' / 'hold_at_step.py')!r}, '3', 'held', *command[1:]], log
-grid.group_command = held
-grid.main(sys.argv[1:])
-"""
+HELD_GRID = held_grid(3)  # grid.py, its pretraining held after step 3
 
 
 @pytest.mark.skipif(os.name == 'nt', reason="process groups and SIGTERM are POSIX's")
@@ -497,3 +482,16 @@ def test_batch_sizes_reach_the_pretraining_and_finetuning_commands():
     plain = grid.parse_args(PRETRAIN)
     assert all('--batch_size' not in argv for *_, argv in grid.pretraining_runs(plain))
     assert '--batch_size' not in grid.overrides(plain)
+
+
+def test_the_pretraining_edition_reaches_run_py_and_only_the_pretrainings():
+    """--pretrain_edition is each pretraining's --edition, as run.py reads it (rope on the
+    2021 schedule); the finetunings keep theirs; not given, each variant its own."""
+    one = ['--pretrain', 'rope', '--pretrain_seeds', '0']
+    args = grid.parse_args([*PRETRAIN, *one, '--pretrain_edition', '2021'])
+    ((_, _, made_with, argv),) = grid.pretraining_runs(args)
+    assert made_with['pretrain'] == argv[1:] and run.parse_args(argv).edition == '2021'
+    assert '--edition' not in grid.overrides(args)
+    plain = grid.parse_args([*PRETRAIN, *one])
+    ((*_, argv),) = grid.pretraining_runs(plain)
+    assert '--edition' not in argv and run.parse_args(argv).edition == '2024'

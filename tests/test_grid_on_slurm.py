@@ -278,6 +278,7 @@ def test_every_flag_of_the_grid_reaches_its_jobs_or_is_the_clusters():
     unset = {
         'pretrain_max_epochs',
         'pretrain_batch_size',
+        'pretrain_edition',
         'max_epochs',
         'batch_size',
         'finetune_lr',
@@ -287,6 +288,7 @@ def test_every_flag_of_the_grid_reaches_its_jobs_or_is_the_clusters():
     given = {
         'pretrain_max_epochs': '2',
         'pretrain_batch_size': '7',
+        'pretrain_edition': '2021',
         'max_epochs': '3',
         'batch_size': '4',
         'finetune_lr': '0.5',

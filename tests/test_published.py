@@ -8,6 +8,7 @@ cloze reports and pretraining logs."""
 import argparse
 import csv
 import functools
+import itertools
 import json
 import re
 from pathlib import Path
@@ -223,13 +224,12 @@ def people_rows(world):
     return [row for _, row in sorted(rows)]
 
 
-def seed_rows(world):
-    """results/README.md's rows for the pretrainings of one recipe that differ only in their
-    seed (WORLD/VARIANT for seed 0, WORLD/VARIANT_seedN), at each epoch two or more of them
-    reached: the held-out people right after finetuning on all of the world's finetuning
-    people at 6e-4 for 30 epochs (finetuning seed 0), seed by seed, their mean, standard
-    deviation and range, and the pretraining minutes."""
-    at_epoch = {}  # (variant, epoch): [(pretraining seed, right, minutes)]
+def seed_runs(world):
+    """{(variant, epoch): [(pretraining seed, 'RIGHT/60', minutes)]} of the pretrainings of
+    one recipe that differ only in their seed (WORLD/VARIANT for seed 0, WORLD/VARIANT_seedN):
+    the held-out people right after finetuning on all of the world's finetuning people at
+    6e-4 for 30 epochs (finetuning seed 0), and the pretraining minutes to that epoch."""
+    at_epoch = {}
     for folder in sorted(world.iterdir()):
         named = re.fullmatch(r'([a-z]+)(?:_seed(\d+))?', folder.name)
         path = folder / '180_30_epochs_lr_6e-4' / 'grid.json'
@@ -243,12 +243,22 @@ def seed_rows(world):
             minutes = float(steps_by_epoch(folder)[epochs(entry)][-1]['seconds']) / 60
             seed = int(named[2] or 0)
             at_epoch.setdefault((named[1], epochs(entry)), []).append((seed, right, minutes))
+    return {key: sorted(runs) for key, runs in sorted(at_epoch.items())}
+
+
+def right_counts(runs):
+    return [int(right.split('/')[0]) for _, right, _ in runs]
+
+
+def seed_rows(world):
+    """results/README.md's rows for each recipe and epoch two or more pretraining seeds
+    reached (seed_runs): every seed's count, their mean, standard deviation and range, and
+    the pretraining minutes."""
     rows = []
-    for (variant, epoch), runs in sorted(at_epoch.items()):
+    for (variant, epoch), runs in seed_runs(world).items():
         if len(runs) < 2:
             continue
-        runs.sort()
-        counts = [int(right.split('/')[0]) for _, right, _ in runs]
+        counts = right_counts(runs)
         minutes = [m for _, _, m in runs]
         cells = [
             world.name, variant, str(epoch), ', '.join(str(seed) for seed, _, _ in runs),
@@ -257,6 +267,56 @@ def seed_rows(world):
         ]  # fmt: skip
         rows.append(f"| {' | '.join(cells)} |")
     return rows
+
+
+def permutation_p(a, b):
+    """The exact two-sided permutation test's p of a difference of means: the share of all
+    ways to split a + b into groups of their sizes whose means differ at least as much."""
+    pooled, n = a + b, len(a)
+    observed = abs(sum(a) / n - sum(b) / len(b))
+    splits = list(itertools.combinations(range(len(pooled)), n))
+    as_far = 0
+    for chosen in splits:
+        first = [pooled[i] for i in chosen]
+        rest = [pooled[i] for i in range(len(pooled)) if i not in chosen]
+        as_far += abs(sum(first) / n - sum(rest) / len(rest)) >= observed - 1e-9
+    return as_far / len(splits)
+
+
+def test_the_permutation_p_is_what_its_splits_give():
+    """Against cases worked by hand: two groups of two, 2 of the 6 splits as far apart as
+    the observed one; groups that cannot be told apart; groups as far apart as can be,
+    matched only by their swap."""
+    assert permutation_p([1, 2], [3, 4]) == 2 / 6  # {1,2}|{3,4} and {3,4}|{1,2}
+    assert permutation_p([1, 4], [2, 3]) == 1.0  # every split differs by 0 or more
+    assert permutation_p([0, 0, 0], [9, 9, 9]) == 2 / 20
+
+
+def comparison_rows():
+    """results/README.md's rows comparing the one-biography world with the paraphrased one,
+    for each recipe and epoch both reached with two or more pretraining seeds: each world's
+    mean ± sd, the paraphrased world's mean less the other's, and permutation_p."""
+    one, paraphrased = (seed_runs(SMALL_WORLD / name) for name in ('people240_one', 'people240'))
+    rows = []
+    for (variant, epoch), runs in one.items():
+        others = paraphrased.get((variant, epoch), [])
+        if len(runs) < 2 or len(others) < 2:
+            continue
+        a, b = right_counts(runs), right_counts(others)
+        cells = [
+            variant, str(epoch), f"{len(a)}: {grid.mean_sd(a)}", f"{len(b)}: {grid.mean_sd(b)}",
+            f"{sum(b) / len(b) - sum(a) / len(a):+.1f}", f"{permutation_p(a, b):.2f}",
+        ]  # fmt: skip
+        rows.append(f"| {' | '.join(cells)} |")
+    return rows
+
+
+def test_the_worlds_comparison_is_its_runs():
+    text = (ROOT / 'results' / 'README.md').read_text(encoding='utf-8')
+    section = text.split('### One biography against four paraphrases')[1].split('\n#')[0]
+    published = [line for line in section.splitlines() if line.startswith('| rope')]
+    expected = comparison_rows()
+    assert published == expected, "\n".join(expected)
 
 
 @pytest.mark.parametrize(

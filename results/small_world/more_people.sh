@@ -8,8 +8,8 @@
 # cloze probe of each checkpoint and over_pretraining.py's figure. Then the same world
 # pretrained more ways (at batch 16, at the handout's batch 128, and with pretraining seeds 1
 # to 4), each checkpoint finetuned on all 180 at 6e-4 and probed; and the same people with
-# one biography each (people240_one, pretraining seeds 0 and 1), pretrained and probed
-# alike. About 7 hours of the 2-core CPU, 5h10m of it pretraining.
+# one biography each (people240_one, pretraining seeds 0 to 4), pretrained and probed
+# alike. About 8h40m of the 2-core CPU, 6h40m of it pretraining.
 #
 #     setsid nohup nice bash results/small_world/more_people.sh >> longrun/more_people.log 2>&1 < /dev/null &
 #
@@ -108,5 +108,5 @@ $py research/small_world.py --seed 0 --outdir "$W" --people 240 --documents 16 -
     --attributes 0 --finetune_share 0.75
 cp "$W/finetune.tsv" "$W/finetune180.tsv"
 pretrained_otherwise $V 32 40 20 0
-pretrained_otherwise ${V}_seed1 32 40 20 1
+for seed in 1 2 3 4; do pretrained_otherwise ${V}_seed$seed 32 40 20 $seed; done
 cp "$W"/{world.json,finetune.tsv,heldout.tsv} "$d/"

@@ -190,6 +190,11 @@ def model_name(path):
     return os.path.basename(path).removesuffix('.params').removesuffix('.pretrain')
 
 
+def pretrained_name(variant, seed):
+    """The model name of --pretrain's pretraining of a variant with a seed: perceiver.s1."""
+    return f"{variant}.s{seed}"
+
+
 def output_prefix(outdir, model, method, seed):
     """Where a run's files go: PREFIX.params, PREFIX.dev.predictions, PREFIX.test.predictions."""
     return os.path.join(outdir, f"{model}.{method.replace(':', '')}.s{seed}")
@@ -303,7 +308,7 @@ def pretraining_runs(args):
     runs = []
     for seed in args.pretrain_seeds:
         for variant in args.pretrain:
-            name = f"{variant}.s{seed}"
+            name = pretrained_name(variant, seed)
             out = os.path.join(args.outdir, f"{name}.pretrain.params")
             argv = ['pretrain', variant, args.pretrain_corpus_path, '--seed', str(seed),
                     *VARIANT_FLAGS.get(variant, []), '--device', args.device,

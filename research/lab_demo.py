@@ -154,7 +154,7 @@ def main(argv=None):
     )
     print('  '.join(columns))
     for seed, floor_params in zip(args.pretrain_seeds, floor):
-        pretrained = f"{args.variant}.s{seed}"  # grid.py --pretrain's name for it
+        pretrained = grid.pretrained_name(args.variant, seed)
         cells = (
             str(seed),
             answered(paraphrased_record, grid.model_name(floor_params)),

@@ -41,16 +41,14 @@ def minutes_at_epochs(path):
         raise files.UserError(f"{path}: not a metrics CSV of run.py (epoch and seconds columns)")
 
 
-def reached(folder, grid_name):
-    """[(epoch or None for the floor, finetuning seed, right, total, minutes)] of one
-    pretraining's folder, its grid's runs in the order of their epochs and seeds."""
+def checkpoint_predictions(folder, grid_name):
+    """[(epoch or None for the floor, finetuning seed, its held-out predictions)] of one
+    pretraining's folder: each run of the grid of its checkpoints finetuned."""
     folder = Path(folder)
-    world = folder.parent
-    minutes = minutes_at_epochs(folder / 'pretrain.metrics.csv')
     record = grid.records.read_record(str(folder / grid_name / 'grid.json'))
     if not record:
         raise files.UserError(f"{folder / grid_name / 'grid.json'}: no such grid record")
-    rows = []
+    runs = []
     for entry in record.values():
         made = entry['made_with']
         prefix = grid.output_prefix(
@@ -61,13 +59,25 @@ def reached(folder, grid_name):
             predictions = predictions_path.read_text(encoding='utf-8').splitlines()
         except OSError as e:
             raise files.UserError(f"{predictions_path}: cannot read: {e.strerror}")
-        total, right = utils.evaluate_places(str(world / 'heldout.tsv'), predictions)
         found = re.search(r'\.epoch(\d+)$', made['model'])
         epoch = int(found[1]) if found else None  # VARIANT.untrained: the floor
+        runs.append((epoch, made['seed'], predictions))
+    return runs
+
+
+def reached(folder, grid_name):
+    """[(epoch or None for the floor, finetuning seed, right, total, minutes)] of one
+    pretraining's folder, its grid's runs in the order of their epochs and seeds."""
+    folder = Path(folder)
+    world = folder.parent
+    minutes = minutes_at_epochs(folder / 'pretrain.metrics.csv')
+    rows = []
+    for epoch, seed, predictions in checkpoint_predictions(folder, grid_name):
+        total, right = utils.evaluate_places(str(world / 'heldout.tsv'), predictions)
         if epoch is not None and epoch not in minutes:
             raise files.UserError(f"{folder}: its metrics CSV has no epoch {epoch}")
         at = minutes[epoch] if epoch is not None else 0.0
-        rows.append((epoch, made['seed'], int(right), int(total), at))
+        rows.append((epoch, seed, int(right), int(total), at))
     return sorted(rows, key=lambda row: (row[0] or 0, row[1]))
 
 
@@ -116,8 +126,13 @@ def plot_reached(runs, chance, out):
         for at, seeds in points:  # each finetuning seed, where there are several
             if len(seeds) > 1:
                 ax.scatter([at] * len(seeds), seeds, color=line.get_color(), s=8)
-    ax.set_xlabel('pretraining minutes')
-    ax.set_ylabel('held-out people right after finetuning (%)')
+    finish_plot(fig, ax, 'pretraining minutes', 'held-out people right after finetuning (%)', out)
+
+
+def finish_plot(fig, ax, xlabel, ylabel, out):
+    """A figure of held-out shares (0-100%) labelled, with its legend, written to out."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -126,14 +141,22 @@ def plot_reached(runs, chance, out):
     print(f"wrote {out}")
 
 
-def main(argv=None):
-    argp = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    argp.add_argument('folders', nargs='+', help="pretrainings' folders (more_people.sh's)")
+def pretraining_arguments(description, folders_help):
+    """The parser of a tool that reads pretrainings' folders: the folders, --grid, --plot."""
+    argp = argparse.ArgumentParser(description=description)
+    argp.add_argument('folders', nargs='+', help=folders_help)
     argp.add_argument(
         '--grid', default='180_30_epochs_lr_6e-4',
         help="the folder of the checkpoints' grid in each (default 180_30_epochs_lr_6e-4)",
     )  # fmt: skip
     argp.add_argument('--plot', help="draw them here (needs matplotlib)")
+    return argp
+
+
+def main(argv=None):
+    argp = pretraining_arguments(
+        __doc__.split('\n\n')[0], "pretrainings' folders (more_people.sh's)"
+    )
     args = argp.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         checks.check_reports(args, 'plot')

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import grid
+import reached_by_documents
 import small_world
 import utils
 from conftest import NO_DATA, ROOT
@@ -319,6 +320,39 @@ def test_the_worlds_comparison_is_its_runs():
     assert published == expected, "\n".join(expected)
 
 
+def documents_rows(world):
+    """results/README.md's rows for a world whose people have from A to B documents each
+    (small_world.py --documents A-B): at each epoch two or more of its pretraining seeds
+    reached (seed_runs), for each of reached_by_documents.py's four bands of documents per
+    person, the held-out people in it, the right of each seed's checkpoint finetuned on all
+    at 6e-4 for 30 epochs (finetuning seed 0), their mean ± sd and range (%), and the right
+    of each floor run (the untrained model finetuned alike, its finetuning seeds)."""
+    _, (low, high), _ = reached_by_documents.read_world(world)
+    if low == high:
+        return []
+    bands = reached_by_documents.bands_of(low, high, 4)
+    rows = []
+    for (variant, epoch), runs in seed_runs(world).items():
+        if len(runs) < 2:
+            continue
+        folders = [world / (f"{variant}_seed{seed}" if seed else variant) for seed, _, _ in runs]
+        reached, floor, _ = reached_by_documents.reached_by_band(
+            folders, '180_30_epochs_lr_6e-4', epoch, 0, bands
+        )
+        for i, band in enumerate(bands):
+            people = reached[folders[0]][i][1]
+            right = [reached[folder][i][0] for folder in folders]
+            shares = [100 * r / people for r in right]
+            cells = [
+                world.name, variant, str(epoch), reached_by_documents.band_name(band), str(people),
+                ', '.join(str(seed) for seed, _, _ in runs), ', '.join(map(str, right)),
+                f"{grid.mean_sd(shares, '{:.0f}')}%", f"{min(shares):.0f}-{max(shares):.0f}%",
+                ', '.join(str(run[i][0]) for run in floor) or '-',
+            ]  # fmt: skip
+            rows.append(f"| {' | '.join(cells)} |")
+    return rows
+
+
 @pytest.mark.parametrize(
     'world', sorted(SMALL_WORLD.glob('*/world.json')), ids=lambda p: p.parent.name
 )
@@ -337,6 +371,7 @@ def test_a_published_world_is_what_its_knobs_make(world):
         ('## Other finetunings', finetuning_rows),
         ("## Finetuned at the handout's learning rate", people_rows),
         ('## Pretraining seeds', seed_rows),
+        ('### Documents per person', documents_rows),
     ],
 )
 def test_a_small_world_table_is_its_runs(heading, rows):

@@ -58,6 +58,18 @@ def test_the_rows_by_hand(world, capsys):
     assert 'floor     0.0    0  0/3' in out and 'chance: 25.0%' in out
 
 
+def test_it_draws(world, tmp_path):
+    pytest.importorskip('matplotlib', reason='the picture needs matplotlib, an optional install')
+    folder = pretraining(
+        world, 'rope',
+        {('rope.pretrain.epoch2', 0): ['Kode'] * 3, ('rope.untrained', 0): ['Fika'] * 3},
+        {2: 60.0},
+    )  # fmt: skip
+    out = tmp_path / 'reached.png'
+    reached_over_minutes.main([str(folder), '--grid', 'grid', '--plot', str(out)])
+    assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
 @pytest.mark.parametrize(
     'broken, error',
     [

@@ -9,7 +9,10 @@
 # pretrained more ways (at batch 16, at the handout's batch 128, and with pretraining seeds 1
 # to 4), each checkpoint finetuned on all 180 at 6e-4 and probed; and the same people with
 # one biography each (people240_one, pretraining seeds 0 to 4), pretrained and probed
-# alike. About 8h40m of the 2-core CPU, 6h40m of it pretraining.
+# alike; and the same number of people with 4 to 28 documents each (people240_docs4-28,
+# pretraining seeds 0 to 4, the untrained model finetuned alike as the floor), whose
+# held-out people reached_by_documents.py counts by documents per person. About 11h40m of
+# the 2-core CPU, 9h10m of it pretraining.
 #
 #     setsid nohup nice bash results/small_world/more_people.sh >> longrun/more_people.log 2>&1 < /dev/null &
 #
@@ -110,3 +113,16 @@ cp "$W/finetune.tsv" "$W/finetune180.tsv"
 pretrained_otherwise $V 32 40 20 0
 for seed in 1 2 3 4; do pretrained_otherwise ${V}_seed$seed 32 40 20 $seed; done
 cp "$W"/{world.json,finetune.tsv,heldout.tsv} "$d/"
+
+# the exposure curve: as many people, each with 4 to 28 documents (16 on average, as many
+# documents in all), the floor first, then pretraining seeds 0 to 4 as above
+W=$OUT/people240_docs4-28 d=results/small_world/people240_docs4-28
+$py research/small_world.py --seed 0 --outdir "$W" --people 240 --documents 4-28 --paraphrases 4 \
+    --attributes 0 --finetune_share 0.75
+cp "$W/finetune.tsv" "$W/finetune180.tsv"
+$py research/untrained.py $V "$W/world.txt" --seed 0 --edition 2021 --writing_params_path "$W/$V.untrained.params"
+finetuned 180 "$W/$V/grid_180_30_epochs_lr_6e-4" --pretrained "$W/$V.untrained.params" --max_epochs 30 --seeds 0 1 2
+pretrained_otherwise $V 32 40 20 0
+for seed in 1 2 3 4; do pretrained_otherwise ${V}_seed$seed 32 40 20 $seed; done
+cp "$W"/{world.json,finetune.tsv,heldout.tsv} "$d/"
+$py research/reached_by_documents.py "$d/$V" "$d/${V}"_seed* --plot "$d/by_documents.png"

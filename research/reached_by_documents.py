@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 import analyze
+import grid
 import plot
 import reached_over_minutes
 from machinery import checks, files
@@ -105,19 +106,18 @@ def reached_by_band(folders, grid_name, epoch, seed, bands):
                 reached[folder] = right_by_band(predictions, heldout, documents, bands, where)
         if folder not in reached:
             raise files.UserError(f"{where}: no checkpoint of epoch {epoch} with seed {seed}")
+    for (first, last), (_, people) in zip(bands, next(iter(reached.values()))):
+        if not people:
+            raise files.UserError(
+                f"--bands {len(bands)}: no held-out person has {band_name((first, last))} "
+                f"documents; ask for fewer bands"
+            )
     return reached, floor, epoch
 
 
 def shares(counts):
-    """The share right (%) of each (right, people), None for a band without people."""
-    return [100 * right / people if people else None for right, people in counts]
-
-
-def summary(values):
-    """'mean ± sd' of the values (%), or the one value."""
-    if len(values) < 2:
-        return f"{values[0]:.0f}%" if values else "-"
-    return f"{statistics.mean(values):.0f} ± {statistics.stdev(values):.0f}%"
+    """The share right (%) of each (right, people)."""
+    return [100 * right / people for right, people in counts]
 
 
 def plot_by_band(reached, floor, bands, chance, epoch, out):
@@ -126,8 +126,7 @@ def plot_by_band(reached, floor, bands, chance, epoch, out):
     x = [(a + b) / 2 for a, b in bands]
     if floor:
         per_band = list(zip(*(shares(run) for run in floor)))
-        low = [min(v for v in band if v is not None) for band in per_band]
-        high = [max(v for v in band if v is not None) for band in per_band]
+        low, high = [min(band) for band in per_band], [max(band) for band in per_band]
         ax.fill_between(x, low, high, color='gray', alpha=0.25, label='floor: untrained, finetuned')
     ax.axhline(100 * chance, color='gray', linestyle=':', label='chance')
     for i, (folder, counts) in enumerate(reached.items()):
@@ -163,9 +162,9 @@ def main(argv=None):
         for i, (a, b) in enumerate(bands):
             people = next(iter(reached.values()))[i][1]
             right = ', '.join(str(counts[i][0]) for counts in reached.values())
-            mean = summary([shares(counts)[i] for counts in reached.values() if people])
+            mean = grid.mean_sd([shares(counts)[i] for counts in reached.values()], '{:.0f}')
             floors = ', '.join(str(run[i][0]) for run in floor) or '-'
-            print(f"{band_name((a, b)):>5} documents, {people:>3} people: {right} right ({mean}); "
+            print(f"{band_name((a, b)):>5} documents, {people:>3} people: {right} right ({mean}%); "
                   f"floor {floors}")  # fmt: skip
         print(f"pretrainings: {', '.join(map(reached_over_minutes.label, reached))}")
         print(f"chance: {chance:.1%}")

@@ -81,6 +81,7 @@ def test_it_draws(world, tmp_path):
     'broken, error',
     [
         ('bands', '--bands 5: from 1 to 4 (1-4 documents)'),
+        ('empty', '--bands 4: no held-out person has 2 documents; ask for fewer bands'),
         ('epoch', 'rope/grid: no checkpoint of epoch 7 with seed 0'),
         ('predictions', 'rope.pretrain.epoch2.full.s0.dev.predictions: cannot read'),
         ('short', 'rope/grid: 3 predictions for 4 held-out people'),
@@ -95,6 +96,9 @@ def test_bad_input_is_one_line(world, tmp_path, capsys, broken, error):
     argv = ['--grid', 'grid', str(folder)]
     if broken == 'bands':
         argv += ['--bands', '5']
+    elif broken == 'empty':
+        write(world / 'heldout.tsv', 'Where was Ana Bo born?\tKode\n' * 4)
+        argv += ['--bands', '4']
     elif broken == 'epoch':
         argv += ['--epoch', '7']
     elif broken == 'predictions':

@@ -79,15 +79,14 @@ def right_by_band(predictions, heldout, documents, bands, path):
     return [tuple(c) for c in counts]
 
 
-def reached_by_band(folders, grid_name, epoch, seed, bands):
+def reached_by_band(folders, grid_name, epoch, seed, bands, documents):
     """({folder: [(right, people)] by band} at the checkpoint of epoch and finetuning seed,
-    [[(right, people)] by band] of every floor run, the epoch) of one world's pretrainings.
-    epoch None: the last epoch every pretraining's grid has."""
+    [[(right, people)] by band] of every floor run, the epoch) of one world's pretrainings,
+    documents its read_world's. epoch None: the last epoch every pretraining's grid has."""
     worlds = {Path(folder).parent for folder in folders}
     if len(worlds) != 1:
         raise files.UserError(f"pretrainings of {len(worlds)} worlds: give one world's")
     (world,) = worlds
-    documents, _, _ = read_world(world)
     heldout = analyze.read_questions(world / 'heldout.tsv')
     runs = {f: reached_over_minutes.checkpoint_predictions(f, grid_name) for f in folders}
     if epoch is None:
@@ -152,10 +151,10 @@ def main(argv=None):
     try:
         checks.check_reports(args, 'plot')
         world = Path(args.folders[0]).parent
-        _, (low, high), chance = read_world(world)
+        documents, (low, high), chance = read_world(world)
         bands = bands_of(low, high, args.bands)
         reached, floor, epoch = reached_by_band(
-            args.folders, args.grid, args.epoch, args.seed, bands
+            args.folders, args.grid, args.epoch, args.seed, bands, documents
         )
         print(f"{world.name}: the held-out people right at epoch {epoch}, finetuning seed "
               f"{args.seed}, by documents per person")  # fmt: skip

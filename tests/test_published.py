@@ -327,7 +327,7 @@ def documents_rows(world):
     person, the held-out people in it, the right of each seed's checkpoint finetuned on all
     at 6e-4 for 30 epochs (finetuning seed 0), their mean ± sd and range (%), and the right
     of each floor run (the untrained model finetuned alike, its finetuning seeds)."""
-    _, (low, high), _ = reached_by_documents.read_world(world)
+    documents, (low, high), _ = reached_by_documents.read_world(world)
     if low == high:
         return []
     bands = reached_by_documents.bands_of(low, high, 4)
@@ -337,7 +337,7 @@ def documents_rows(world):
             continue
         folders = [world / (f"{variant}_seed{seed}" if seed else variant) for seed, _, _ in runs]
         reached, floor, _ = reached_by_documents.reached_by_band(
-            folders, '180_30_epochs_lr_6e-4', epoch, 0, bands
+            folders, '180_30_epochs_lr_6e-4', epoch, 0, bands, documents
         )
         for i, band in enumerate(bands):
             people = reached[folders[0]][i][1]

@@ -52,8 +52,9 @@ def test_the_rows_by_hand(world, capsys):
         {2: 30.0, 3: 45.0},
     )  # fmt: skip
     bands = [(1, 2), (3, 4)]
+    documents, _, _ = reached_by_documents.read_world(world)
     reached, floor, epoch = reached_by_documents.reached_by_band(
-        [first, second], 'grid', None, 0, bands
+        [first, second], 'grid', None, 0, bands, documents
     )
     assert epoch == 2  # the last epoch both have
     assert reached == {first: [(1, 2), (2, 2)], second: [(1, 2), (0, 2)]}

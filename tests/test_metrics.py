@@ -1,6 +1,7 @@
-"""metrics.py: a resumed run's TensorBoard log replaces the steps logged after its saved
-state; the progress bars move every step and, during a slow one, redraw on their own."""
+"""metrics.py: a resumed run's TensorBoard log and CSV replace the steps logged after its
+saved state; the progress bars move every step and, during a slow one, redraw on their own."""
 
+import csv
 import io
 import itertools
 import time
@@ -56,6 +57,40 @@ def test_tensorboard_log_of_a_resumed_run_replaces_the_steps_after_its_state(tmp
         (5, pytest.approx(2.7)),
     ]
     assert [s for s, _ in scalars['train/lr']] == [1, 2, 3, 4, 5]
+    with open(tmp_path / 'm.csv', newline='', encoding='utf-8') as f:
+        rows = list(csv.DictReader(f))
+    assert [(r['step'], r['loss']) for r in rows] == [
+        ('1', '5.000000'), ('2', '4.000000'), ('3', '3.000000'), ('4', '2.900000'), ('5', '2.700000'),
+    ]  # fmt: skip
+
+
+HEADER = 'epoch,step,loss,lr,tokens,seconds\r\n'
+KEPT = '1,1,5.0,0.1,10,1.0\r\n2,2,4.0,0.2,20,2.0\r\n'
+
+
+@pytest.mark.parametrize(
+    'left, expected',
+    [
+        (HEADER + KEPT + '2,3,3.0,0.3,30,3.0\r\n2,4,2.5,0.4,40,4.0\r\n2,5,2.', HEADER + KEPT),
+        (HEADER + KEPT[:-3], HEADER + KEPT[:20]),  # cut in the saved step's row
+        (HEADER + KEPT[:15], HEADER),  # in the first row
+        (HEADER + KEPT + '2,3,3.0,0.3,3\xff', HEADER + KEPT),  # in a byte of its last row
+        (HEADER + KEPT + '\x00\x00\x00\r\n', HEADER + KEPT),  # a lost machine's zeros
+        ('epoch,st', HEADER),  # in the header
+        ('', HEADER),
+    ],
+    ids=['after', 'cut-at-state', 'cut-first-row', 'bad-byte', 'zeros', 'header', 'empty'],
+)
+def test_a_resumed_run_keeps_the_whole_csv_rows_to_its_state(tmp_path, left, expected):
+    """A run killed after its state was saved at step 2: the resumed run's CSV is the
+    header, the whole rows up to step 2, then its own."""
+    path = tmp_path / 'm.csv'
+    path.write_bytes(left.encode('latin-1'))
+    steps = metrics.MetricsLog(path, append=True, first_step=2)
+    steps.add(1, 3, torch.tensor(2.75), 0.3, 30)
+    steps.flush(2.5)
+    steps.close()
+    assert path.read_bytes().decode() == expected + '2,3,2.750000,3.000000e-01,30,2.5\r\n'
 
 
 def test_the_training_bar_moves_every_step_between_the_logged_ones(monkeypatch):

@@ -126,6 +126,18 @@ def steps_by_epoch(pretraining):
     return by_epoch
 
 
+@pytest.mark.parametrize(
+    'pretraining',
+    sorted(p.parent for p in SMALL_WORLD.glob('*/*/pretrain.metrics.csv')),
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_a_published_pretraining_logged_each_step_once(pretraining):
+    """Steps 1, 2, 3, ... in order: a resumed run's log holds no step twice (the times and
+    losses the tables read are the run's own)."""
+    steps = [int(row['step']) for rows in steps_by_epoch(pretraining).values() for row in rows]
+    assert steps == list(range(1, len(steps) + 1))
+
+
 def checkpoint_cells(pretraining, entry):
     """The cells of a finetuned model's pretraining: epochs, steps, the pretraining's time
     and mean loss at that epoch, and the cloze probes of the held-out people before

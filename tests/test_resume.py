@@ -64,6 +64,43 @@ def test_interrupt_and_resume_equals_uninterrupted(tmp_path, interrupt_at):
         assert torch.equal(straight[k], resumed[k]), k
 
 
+def test_a_run_killed_after_its_saved_state_resumes_to_the_same_params_and_metrics(tmp_path):
+    """A run that dies without saving (a kill, a machine lost) during epoch 2, its state saved
+    at epoch 1's end, after logging steps past it: resumed, its params and its metrics CSV's
+    steps and losses are an uninterrupted run's."""
+
+    def run(name, die_at=None, resume=False):
+        random.seed(123 if resume else 0)  # resumed: as a new process, the state restores it
+        gpt, ds, config = tiny_setup(
+            resume_path=str(tmp_path / f'{name}.resume'), resume=resume, save_every_s=0,
+            log_every=1, metrics_path=str(tmp_path / f'{name}.csv'),
+        )  # fmt: skip
+        steps, forward = {'n': 0}, gpt.forward
+
+        def dying_forward(*args, **kwargs):
+            steps['n'] += 1
+            if steps['n'] == die_at:
+                raise SystemExit('killed')
+            return forward(*args, **kwargs)
+
+        gpt.forward = dying_forward
+        trainer.Trainer(gpt, ds, None, config).train()
+        return gpt.state_dict()
+
+    def logged(name):
+        lines = (tmp_path / f'{name}.csv').read_text().splitlines()[1:]
+        return [line.split(',')[1:3] for line in lines]  # step, loss
+
+    straight = run('straight')
+    steps_per_epoch = len(logged('straight')) // 3
+    with pytest.raises(SystemExit, match='killed'):
+        run('killed', die_at=steps_per_epoch + 3)
+    assert len(logged('killed')) == steps_per_epoch + 2  # two steps past the saved state
+    resumed = run('killed', resume=True)
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    assert logged('killed') == logged('straight')
+
+
 def saved_state(tmp_path):
     """A resumable state of tiny_setup after one step (so the optimizer has moments), as
     Trainer.save_state writes it; returned as loaded with weights_only=True."""

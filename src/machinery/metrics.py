@@ -6,6 +6,7 @@ through a Progress; shared_runs.py and decoding.py use a Bar.
 """
 
 import csv
+import io
 import math
 import os
 import threading
@@ -13,6 +14,8 @@ import time
 
 import torch
 from tqdm import tqdm
+
+from machinery import files
 
 
 class NonFiniteLoss(Exception):
@@ -45,6 +48,8 @@ class MetricsLog:
                 )
         if path:
             new = not (append and os.path.exists(path))
+            if not new:
+                keep_rows_to(path, first_step)  # what an interrupted run logged after its state
             self.file = open(path, 'w' if new else 'a', newline='', encoding='utf-8')
             self.writer = csv.writer(self.file)
             if new:
@@ -79,6 +84,32 @@ class MetricsLog:
             self.file.close()
         if self.tensorboard:
             self.tensorboard.close()
+
+
+def keep_rows_to(path, step):
+    """Rewrites a metrics CSV with its whole rows up to `step`, the saved state a resumed
+    run starts from, under the header. A run that was killed (not stopped by a signal,
+    which saves the state after the step it logged last) may have logged steps after its
+    last saved state, which the resumed run makes again, and may have left a row, or the
+    header, cut short."""
+    with open(path, newline='', encoding='utf-8', errors='replace') as f:
+        text = f.read()
+    text = text[: text.rfind('\n') + 1]  # a last line without its end was cut short
+    rows = list(csv.reader(io.StringIO(text.replace('\0', ''), newline='')))
+    kept = [row for row in rows[1:] if whole_row(row) and int(row[1]) <= step]
+    out = io.StringIO(newline='')
+    csv.writer(out).writerows([MetricsLog.FIELDS, *kept])
+    files.atomic_write(path, lambda f: f.write(out.getvalue().encode('utf-8')))
+
+
+def whole_row(row):
+    """Whether a CSV row is one MetricsLog wrote whole: its fields, each a number."""
+    if len(row) != len(MetricsLog.FIELDS) or not row[1].isdecimal():
+        return False
+    try:
+        return all(math.isfinite(float(field)) for field in row)
+    except ValueError:
+        return False
 
 
 class Bar(tqdm):

@@ -83,10 +83,7 @@ def reached_by_band(folders, grid_name, epoch, seed, bands, documents):
     """({folder: [(right, people)] by band} at the checkpoint of epoch and finetuning seed,
     [[(right, people)] by band] of every floor run, the epoch) of one world's pretrainings,
     documents its read_world's. epoch None: the last epoch every pretraining's grid has."""
-    worlds = {Path(folder).parent for folder in folders}
-    if len(worlds) != 1:
-        raise files.UserError(f"pretrainings of {len(worlds)} worlds: give one world's")
-    (world,) = worlds
+    world = reached_over_minutes.one_world(folders)
     heldout = analyze.read_questions(world / 'heldout.tsv')
     runs = {f: reached_over_minutes.checkpoint_predictions(f, grid_name) for f in folders}
     if epoch is None:

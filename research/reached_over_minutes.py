@@ -81,6 +81,15 @@ def reached(folder, grid_name):
     return sorted(rows, key=lambda row: (row[0] or 0, row[1]))
 
 
+def one_world(folders):
+    """The world (the folder above) of pretrainings' folders that must share one."""
+    worlds = {Path(folder).parent for folder in folders}
+    if len(worlds) != 1:
+        raise files.UserError(f"pretrainings of {len(worlds)} worlds: give one world's")
+    (world,) = worlds
+    return world
+
+
 def places_of(world):
     """The number of birthplaces of a world (its world.json's knobs): chance is one in it."""
     try:

@@ -11,8 +11,11 @@
 # one biography each (people240_one, pretraining seeds 0 to 4), pretrained and probed
 # alike; and the same number of people with 4 to 28 documents each (people240_docs4-28,
 # pretraining seeds 0 to 4, the untrained model finetuned alike as the floor), whose
-# held-out people reached_by_documents.py counts by documents per person. About 11h40m of
-# the 2-core CPU, 9h10m of it pretraining.
+# held-out people reached_by_documents.py counts by documents per person; and the paraphrased
+# world pretrained by the three other variants (vanilla, the synthesizer, the perceiver),
+# pretraining seeds 0 to 4 each beside the variant's floor, which reached_by_variant.py sets
+# beside RoPE's. About 11h40m of the 2-core CPU before the three variants (9h10m of it
+# pretraining), and about 40 minutes a variant's seed.
 #
 #     setsid nohup nice bash results/small_world/more_people.sh >> longrun/more_people.log 2>&1 < /dev/null &
 #
@@ -89,14 +92,15 @@ cp "$W"/{world.json,finetune.tsv,heldout.tsv} "$d/"
 cp "$W/$V.knowledge.png" "$d/$V/knowledge.png"
 
 # the same world pretrained otherwise, each checkpoint finetuned on all 180 at 6e-4 and probed
-pretrained_otherwise() {  # NAME BATCH EPOCHS SAVE_EVERY SEED
-    local B=$W/$1
+pretrained_otherwise() {  # NAME BATCH EPOCHS SAVE_EVERY SEED [run.py flags]
+    local name=$1 B=$W/$1 batch=$2 epochs=$3 every=$4 seed=$5
+    shift 5
     mkdir -p "$B"
     [ -f "$B/$V.pretrain.params" ] || $py src/run.py pretrain $V "$W/world.txt" --writing_params_path "$B/$V.pretrain.params" \
-        --batch_size "$2" --max_epochs "$3" --save_every "$4" --edition 2021 --seed "$5"
+        --batch_size "$batch" --max_epochs "$epochs" --save_every "$every" --edition 2021 --seed "$seed" "$@"
     finetuned 180 "$B/grid_180_30_epochs_lr_6e-4" --pretrained "$B/$V".pretrain.epoch*.params --max_epochs 30
     probed "$B"
-    published "$B" "$d/$1"
+    published "$B" "$d/$name"
 }
 pretrained_otherwise ${V}_batch16 16 20 5 0     # 1.2x the steps a minute, 0.6x the epochs
 pretrained_otherwise ${V}_batch128 128 60 10 0  # the handout's batch: 2.2x the epochs a minute
@@ -126,3 +130,19 @@ pretrained_otherwise $V 32 40 20 0
 for seed in 1 2 3 4; do pretrained_otherwise ${V}_seed$seed 32 40 20 $seed; done
 cp "$W"/{world.json,finetune.tsv,heldout.tsv} "$d/"
 $py research/reached_by_documents.py "$d/$V" "$d/${V}"_seed* --plot "$d/by_documents.png"
+
+# the four variants on one world: vanilla, the synthesizer and the perceiver (the 2023
+# handout's bottleneck, 64) on the paraphrased world, each beside its own floor (its untrained
+# model finetuned alike) and pretrained as RoPE's seeds 0 to 4 were
+W=$OUT/people240 d=results/small_world/people240
+for V in vanilla synthesizer perceiver; do
+    flags=
+    [ $V = perceiver ] && flags='--bottleneck_dim 64'
+    $py research/untrained.py $V "$W/world.txt" --seed 0 --edition 2021 $flags \
+        --writing_params_path "$W/$V.untrained.params"
+    finetuned 180 "$W/$V/grid_180_30_epochs_lr_6e-4" --pretrained "$W/$V.untrained.params" --max_epochs 30 --seeds 0 1 2
+    pretrained_otherwise $V 32 40 20 0 $flags
+    for seed in 1 2 3 4; do pretrained_otherwise ${V}_seed$seed 32 40 20 $seed $flags; done
+done
+V=rope
+$py research/reached_by_variant.py "$d"/{vanilla,synthesizer,perceiver,rope} "$d"/*_seed? --plot "$d/by_variant.png"

@@ -26,12 +26,15 @@ import plot
 import reached_over_minutes
 from machinery import checks, files
 
+# the name of a pretraining that differs from its variant's seed 0 only in its seed
+SEED_RUN = re.compile(r'([a-z]+)(?:_seed(\d+))?')
+
 
 def variant_and_seed(folder):
     """(variant, pretraining seed) of a folder named VARIANT or VARIANT_seedN."""
     if not Path(folder).is_dir():
         raise files.UserError(f"{folder}: no such folder")
-    named = re.fullmatch(r'([a-z]+)(?:_seed(\d+))?', Path(folder).name)
+    named = SEED_RUN.fullmatch(Path(folder).name)
     if not named:
         raise files.UserError(f"{folder}: not a pretraining named VARIANT or VARIANT_seedN")
     return named[1], int(named[2] or 0)

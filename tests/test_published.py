@@ -17,6 +17,7 @@ import pytest
 
 import grid
 import reached_by_documents
+import reached_by_variant
 import small_world
 import utils
 from conftest import NO_DATA, ROOT
@@ -244,7 +245,7 @@ def seed_runs(world):
     6e-4 for 30 epochs (finetuning seed 0), and the pretraining minutes to that epoch."""
     at_epoch = {}
     for folder in sorted(world.iterdir()):
-        named = re.fullmatch(r'([a-z]+)(?:_seed(\d+))?', folder.name)
+        named = reached_by_variant.SEED_RUN.fullmatch(folder.name)
         path = folder / '180_30_epochs_lr_6e-4' / 'grid.json'
         if not named or not path.exists():
             continue

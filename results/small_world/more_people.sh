@@ -93,12 +93,15 @@ cp "$W/$V.knowledge.png" "$d/$V/knowledge.png"
 
 # the same world pretrained otherwise, each checkpoint finetuned on all 180 at 6e-4 and probed
 pretrained_otherwise() {  # NAME BATCH EPOCHS SAVE_EVERY SEED [run.py flags]
-    local name=$1 B=$W/$1 batch=$2 epochs=$3 every=$4 seed=$5
+    local name=$1 B=$W/$1 batch=$2 epochs=$3 every=$4 seed=$5 resume=()
     shift 5
     mkdir -p "$B"
+    # an interrupted pretraining goes on from its saved state; one that stops again stops the script
+    [ -f "$B/$V.pretrain.params.resume" ] && resume=(--resume)
     [ -f "$B/$V.pretrain.params" ] || $py src/run.py pretrain $V "$W/world.txt" --writing_params_path "$B/$V.pretrain.params" \
-        --batch_size "$batch" --max_epochs "$epochs" --save_every "$every" --edition 2021 --seed "$seed" "$@"
-    finetuned 180 "$B/grid_180_30_epochs_lr_6e-4" --pretrained "$B/$V".pretrain.epoch*.params --max_epochs 30
+        --batch_size "$batch" --max_epochs "$epochs" --save_every "$every" --edition 2021 --seed "$seed" \
+        "${resume[@]}" "$@" || exit
+    finetuned 180 "$B/grid_180_30_epochs_lr_6e-4" --pretrained "$B/$V".pretrain.epoch*.params --max_epochs 30 || exit
     probed "$B"
     published "$B" "$d/$name"
 }

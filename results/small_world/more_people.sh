@@ -64,8 +64,16 @@ published() {  # FOLDER DEST: what the table is computed from, FOLDER's pretrain
     done
 }
 
-[ -f "$W/$V.pretrain.params" ] || $py src/run.py pretrain $V "$W/world.txt" --writing_params_path "$W/$V.pretrain.params" \
-    --max_epochs 80 --batch_size 32 --save_every 20 --edition 2021 --seed 0
+pretrained() {  # PARAMS [run.py flags]: V pretrained on the world into PARAMS where it is not yet
+    # an interrupted pretraining goes on from its saved state; one that stops again stops the script
+    local P=$1 resume=()
+    shift
+    [ -f "$P" ] && return
+    [ -f "$P.resume" ] && resume=(--resume)
+    $py src/run.py pretrain $V "$W/world.txt" --writing_params_path "$P" "$@" "${resume[@]}" || exit
+}
+
+pretrained "$W/$V.pretrain.params" --max_epochs 80 --batch_size 32 --save_every 20 --edition 2021 --seed 0
 $py research/untrained.py $V "$W/world.txt" --seed 0 --edition 2021 --writing_params_path "$W/$V.untrained.params"
 
 last=$W/$V.pretrain.epoch80.params
@@ -93,14 +101,11 @@ cp "$W/$V.knowledge.png" "$d/$V/knowledge.png"
 
 # the same world pretrained otherwise, each checkpoint finetuned on all 180 at 6e-4 and probed
 pretrained_otherwise() {  # NAME BATCH EPOCHS SAVE_EVERY SEED [run.py flags]
-    local name=$1 B=$W/$1 batch=$2 epochs=$3 every=$4 seed=$5 resume=()
+    local name=$1 B=$W/$1 batch=$2 epochs=$3 every=$4 seed=$5
     shift 5
     mkdir -p "$B"
-    # an interrupted pretraining goes on from its saved state; one that stops again stops the script
-    [ -f "$B/$V.pretrain.params.resume" ] && resume=(--resume)
-    [ -f "$B/$V.pretrain.params" ] || $py src/run.py pretrain $V "$W/world.txt" --writing_params_path "$B/$V.pretrain.params" \
-        --batch_size "$batch" --max_epochs "$epochs" --save_every "$every" --edition 2021 --seed "$seed" \
-        "${resume[@]}" "$@" || exit
+    pretrained "$B/$V.pretrain.params" --batch_size "$batch" --max_epochs "$epochs" --save_every "$every" \
+        --edition 2021 --seed "$seed" "$@"
     finetuned 180 "$B/grid_180_30_epochs_lr_6e-4" --pretrained "$B/$V".pretrain.epoch*.params --max_epochs 30 || exit
     probed "$B"
     published "$B" "$d/$name"

@@ -316,13 +316,18 @@ def comparison_rows():
         others = paraphrased.get((variant, epoch), [])
         if len(runs) < 2 or len(others) < 2:
             continue
-        a, b = right_counts(runs), right_counts(others)
-        cells = [
-            variant, str(epoch), f"{len(a)}: {grid.mean_sd(a)}", f"{len(b)}: {grid.mean_sd(b)}",
-            f"{sum(b) / len(b) - sum(a) / len(a):+.1f}", f"{permutation_p(a, b):.2f}",
-        ]  # fmt: skip
-        rows.append(f"| {' | '.join(cells)} |")
+        rows.append(compared(variant, epoch, right_counts(runs), right_counts(others)))
     return rows
+
+
+def compared(variant, epoch, a, b):
+    """A row of two groups of seeds' counts: each group's number: mean ± sd, the second's
+    mean less the first's, and permutation_p."""
+    cells = [
+        variant, str(epoch), f"{len(a)}: {grid.mean_sd(a)}", f"{len(b)}: {grid.mean_sd(b)}",
+        f"{sum(b) / len(b) - sum(a) / len(a):+.1f}", f"{permutation_p(a, b):.2f}",
+    ]  # fmt: skip
+    return f"| {' | '.join(cells)} |"
 
 
 def test_the_worlds_comparison_is_its_runs():
@@ -330,6 +335,27 @@ def test_the_worlds_comparison_is_its_runs():
     section = text.split('### One biography against four paraphrases')[1].split('\n#')[0]
     published = [line for line in section.splitlines() if line.startswith('| rope')]
     expected = comparison_rows()
+    assert published == expected, "\n".join(expected)
+
+
+def variant_rows():
+    """results/README.md's rows setting each variant's pretraining seeds on people240 beside
+    RoPE's, at each epoch both reached with two or more seeds (compared: the variant, then
+    RoPE)."""
+    runs = seed_runs(SMALL_WORLD / 'people240')
+    rows = []
+    for (variant, epoch), its in runs.items():
+        rope = runs.get(('rope', epoch), [])
+        if variant != 'rope' and len(its) >= 2 and len(rope) >= 2:
+            rows.append(compared(variant, epoch, right_counts(its), right_counts(rope)))
+    return rows
+
+
+def test_the_variants_comparison_is_its_runs():
+    text = (ROOT / 'results' / 'README.md').read_text(encoding='utf-8')
+    section = text.split('### Four variants')[1].split('\n#')[0]
+    published = [line for line in section.splitlines() if re.match(r'\| [a-z]+ \| \d', line)]
+    expected = variant_rows()
     assert published == expected, "\n".join(expected)
 
 

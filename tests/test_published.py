@@ -330,10 +330,16 @@ def compared(variant, epoch, a, b):
     return f"| {' | '.join(cells)} |"
 
 
-def test_the_worlds_comparison_is_its_runs():
+def published_rows(heading, row):
+    """The lines of results/README.md's section under a heading that the regular expression
+    row matches from their start: a table's rows, its header left out."""
     text = (ROOT / 'results' / 'README.md').read_text(encoding='utf-8')
-    section = text.split('### One biography against four paraphrases')[1].split('\n#')[0]
-    published = [line for line in section.splitlines() if line.startswith('| rope')]
+    section = text.split(heading)[1].split('\n#')[0]
+    return [line for line in section.splitlines() if re.match(row, line)]
+
+
+def test_the_worlds_comparison_is_its_runs():
+    published = published_rows('### One biography against four paraphrases', r'\| rope')
     expected = comparison_rows()
     assert published == expected, "\n".join(expected)
 
@@ -352,9 +358,7 @@ def variant_rows():
 
 
 def test_the_variants_comparison_is_its_runs():
-    text = (ROOT / 'results' / 'README.md').read_text(encoding='utf-8')
-    section = text.split('### Four variants')[1].split('\n#')[0]
-    published = [line for line in section.splitlines() if re.match(r'\| [a-z]+ \| \d', line)]
+    published = published_rows('### Four variants', r'\| [a-z]+ \| \d')
     expected = variant_rows()
     assert published == expected, "\n".join(expected)
 
@@ -414,9 +418,7 @@ def test_a_published_world_is_what_its_knobs_make(world):
     ],
 )
 def test_a_small_world_table_is_its_runs(heading, rows):
-    text = (ROOT / 'results' / 'README.md').read_text(encoding='utf-8')
-    section = text.split(heading)[1].split('\n#')[0]
-    published = [line for line in section.splitlines() if line.startswith('| p')]
+    published = published_rows(heading, r'\| p')
     worlds = sorted(p for p in SMALL_WORLD.iterdir() if (p / 'heldout.tsv').exists())
     expected = [row for world in worlds for row in rows(world)]
     assert published == expected, "\n".join(expected)

@@ -3,8 +3,8 @@ variants, each with several seeds, the held-out people each pretraining's checkp
 answers after finetuning, per variant and epoch every seed's count, their mean ± sd and
 range, beside the variant's floor (its untrained model finetuned alike) and chance.
 
-    python research/reached_by_variant.py results/small_world/people240/{vanilla,rope} \
-        results/small_world/people240/*_seed? --plot by_variant.png
+    python research/reached_by_variant.py \
+        results/small_world/people240/{vanilla,rope}{,_seed?} --plot by_variant.png
 
 Each argument is a pretraining's folder of one world, as results/small_world/more_people.sh
 publishes it (reached_over_minutes.py reads the same): WORLD/VARIANT for pretraining seed 0

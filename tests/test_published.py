@@ -238,14 +238,15 @@ def people_rows(world):
     return [row for _, row in sorted(rows)]
 
 
-def seed_runs(world):
+def seed_runs(world, named_as=reached_by_variant.SEED_RUN):
     """{(variant, epoch): [(pretraining seed, 'RIGHT/60', minutes)]} of the pretrainings of
-    one recipe that differ only in their seed (WORLD/VARIANT for seed 0, WORLD/VARIANT_seedN):
-    the held-out people right after finetuning on all of the world's finetuning people at
-    6e-4 for 30 epochs (finetuning seed 0), and the pretraining minutes to that epoch."""
+    one recipe that differ only in their seed, their folders named as `named_as` matches
+    (VARIANT, then the seed: WORLD/VARIANT for seed 0, WORLD/VARIANT_seedN): the held-out
+    people right after finetuning on all of the world's finetuning people at 6e-4 for 30
+    epochs (finetuning seed 0), and the pretraining minutes to that epoch."""
     at_epoch = {}
     for folder in sorted(world.iterdir()):
-        named = reached_by_variant.SEED_RUN.fullmatch(folder.name)
+        named = named_as.fullmatch(folder.name)
         path = folder / '180_30_epochs_lr_6e-4' / 'grid.json'
         if not named or not path.exists():
             continue
@@ -405,6 +406,44 @@ def test_a_published_world_is_what_its_knobs_make(world):
     made = small_world.make_world(argparse.Namespace(outdir=None, **knobs))
     for name in ('world.json', 'finetune.tsv', 'heldout.tsv'):
         assert (world.parent / name).read_text(encoding='utf-8') == made[name], name
+
+
+ON_EPYC = re.compile(r'([a-z]+)_epyc_seed(\d+)')  # the Xeon's recipe run again on the EPYC
+
+
+def cpu_rows():
+    """results/README.md's rows setting RoPE's pretraining seeds on people240, run on the
+    Intel Xeon (WORLD/rope, WORLD/rope_seedN), beside the same commands run on the AMD EPYC
+    (WORLD/rope_epyc_seedN), at each epoch both reached with two or more seeds (compared:
+    the Xeon's, then the EPYC's)."""
+    world = SMALL_WORLD / 'people240'
+    xeon, epyc = seed_runs(world), seed_runs(world, ON_EPYC)
+    rows = []
+    for (variant, epoch), its in epyc.items():
+        others = xeon.get((variant, epoch), [])
+        if len(its) >= 2 and len(others) >= 2:
+            rows.append(compared(variant, epoch, right_counts(others), right_counts(its)))
+    return rows
+
+
+def machines(folders):
+    """The machines the grid records of these pretrainings' finetunings name."""
+    named = set()
+    for folder in folders:
+        record = grid.records.read_record(str(folder / '180_30_epochs_lr_6e-4' / 'grid.json'))
+        named |= {entry['machine'].split(',')[0] for entry in record.values()}
+    return named
+
+
+def test_the_cpus_comparison_is_its_runs():
+    """The table, and each side's finetunings run on the CPU its column names."""
+    published = published_rows('### The same commands on another CPU', r'\| rope')
+    expected = cpu_rows()
+    assert published == expected, "\n".join(expected)
+    world = SMALL_WORLD / 'people240'
+    xeon = [world / 'rope'] + sorted(world.glob('rope_seed?'))
+    assert machines(xeon) == {'Intel(R) Xeon(R) Processor'}
+    assert machines(sorted(world.glob('rope_epyc_seed?'))) == {'AMD EPYC'}
 
 
 @pytest.mark.parametrize(

@@ -153,4 +153,4 @@ for V in vanilla synthesizer perceiver; do
     for seed in 1 2 3 4; do pretrained_otherwise ${V}_seed$seed 32 40 20 $seed $flags; done
 done
 V=rope
-$py research/reached_by_variant.py "$d"/{vanilla,synthesizer,perceiver,rope} "$d"/*_seed? --plot "$d/by_variant.png"
+$py research/reached_by_variant.py "$d"/{vanilla,synthesizer,perceiver,rope}{,_seed?} --plot "$d/by_variant.png"

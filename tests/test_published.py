@@ -312,12 +312,17 @@ def comparison_rows():
     for each recipe and epoch both reached with two or more pretraining seeds: each world's
     mean ± sd, the paraphrased world's mean less the other's, and permutation_p."""
     one, paraphrased = (seed_runs(SMALL_WORLD / name) for name in ('people240_one', 'people240'))
+    return side_by_side(one, paraphrased)
+
+
+def side_by_side(first, second):
+    """A compared row for each (variant, epoch) of two seed_runs both reached with two or
+    more pretraining seeds, in first's order."""
     rows = []
-    for (variant, epoch), runs in one.items():
-        others = paraphrased.get((variant, epoch), [])
-        if len(runs) < 2 or len(others) < 2:
-            continue
-        rows.append(compared(variant, epoch, right_counts(runs), right_counts(others)))
+    for (variant, epoch), runs in first.items():
+        others = second.get((variant, epoch), [])
+        if len(runs) >= 2 and len(others) >= 2:
+            rows.append(compared(variant, epoch, right_counts(runs), right_counts(others)))
     return rows
 
 
@@ -350,12 +355,9 @@ def variant_rows():
     RoPE's, at each epoch both reached with two or more seeds (compared: the variant, then
     RoPE)."""
     runs = seed_runs(SMALL_WORLD / 'people240')
-    rows = []
-    for (variant, epoch), its in runs.items():
-        rope = runs.get(('rope', epoch), [])
-        if variant != 'rope' and len(its) >= 2 and len(rope) >= 2:
-            rows.append(compared(variant, epoch, right_counts(its), right_counts(rope)))
-    return rows
+    others = {key: its for key, its in runs.items() if key[0] != 'rope'}
+    rope = {(variant, epoch): runs.get(('rope', epoch), []) for variant, epoch in others}
+    return side_by_side(others, rope)
 
 
 def test_the_variants_comparison_is_its_runs():
@@ -417,13 +419,7 @@ def cpu_rows():
     (WORLD/rope_epyc_seedN), at each epoch both reached with two or more seeds (compared:
     the Xeon's, then the EPYC's)."""
     world = SMALL_WORLD / 'people240'
-    xeon, epyc = seed_runs(world), seed_runs(world, ON_EPYC)
-    rows = []
-    for (variant, epoch), its in epyc.items():
-        others = xeon.get((variant, epoch), [])
-        if len(its) >= 2 and len(others) >= 2:
-            rows.append(compared(variant, epoch, right_counts(others), right_counts(its)))
-    return rows
+    return side_by_side(seed_runs(world), seed_runs(world, ON_EPYC))
 
 
 def machines(folders):

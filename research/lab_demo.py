@@ -17,14 +17,15 @@ and asks the 60 others' (full finetuning, 30 epochs at the handout's 6e-4, batch
 0); then it prints the three accuracies for each pretraining seed.
 
 On the 2-core Intel Xeon of results/README.md it takes about 80 minutes (a pretraining
-23-39 minutes, a finetuning 1-2), on a 2-core AMD EPYC 39. RoPE answered 29-60 of the 60
-paraphrased on the Xeon (seeds 0-4) and 9-46 on the EPYC (seeds 0-3; its bf16 rounds
-otherwise, and a seed's run on one CPU is another training on the other), 33-50 with one
-biography (the Xeon, seeds 0-4), and 1-3 with no pretraining (chance: 3): pretraining's
-lesson shows for every seed, the paraphrases' does not stand out from the seeds' spread,
-and one seed can show it reversed (the EPYC's seed 0: 31 with one biography, 9 with four
-paraphrases). What it makes stays in --outdir: run the same command again after an
-interruption (Ctrl-C) and it goes on where it stopped; --pretrain_seeds 0 1 2 adds rows.
+23-39 minutes, a finetuning 1-2), and 39 minutes on a 2-core AMD EPYC. RoPE answered
+29-60 of the 60 paraphrased on the Xeon (seeds 0-4) and 9-46 on the EPYC (seeds 0-3; its
+bf16 rounds otherwise, and a seed's run on one CPU is another training on the other),
+33-50 with one biography (the Xeon, seeds 0-4), and 1-3 with no pretraining (chance: 3):
+pretraining's lesson shows for every seed, the paraphrases' does not stand out from the
+seeds' spread, and one seed can show it reversed (the EPYC's seed 0: 31 with one
+biography, 9 with four paraphrases). What it makes stays in --outdir: run the same
+command again after an interruption (Ctrl-C) and it goes on where it stopped;
+--pretrain_seeds 0 1 2 adds rows.
 """
 
 import import_paths  # noqa: F401 (first: src/ and tools/ on sys.path)
